@@ -1,0 +1,894 @@
+#include "backend/process_group_torus.h"
+
+#include <numeric>
+#include <sstream>
+
+#include <torch/csrc/distributed/c10d/exception.h>
+
+#include "backend/log.h"
+#include "collectives/alltoallv_pairwise.h"
+#include "collectives/barrier_dissemination.h"
+#include "collectives/blocks.h"
+#include "collectives/broadcast_binomial.h"
+#include "collectives/gather_direct.h"
+#include "collectives/reduce_binomial.h"
+#include "collectives/ring_allgather.h"
+#include "collectives/ring_allreduce.h"
+#include "collectives/ring_reduce_scatter.h"
+#include "collectives/scatter_direct.h"
+#include "transport/tcp/tcp_transport.h"
+
+namespace torus {
+
+namespace {
+
+class StoreRendezvous : public Rendezvous {
+ public:
+  explicit StoreRendezvous(c10::intrusive_ptr<c10d::Store> store) : store_(std::move(store)) {}
+  void set(const std::string& key, const std::string& value) override {
+    store_->set(key, std::vector<uint8_t>(value.begin(), value.end()));
+  }
+  std::string get(const std::string& key) override {
+    auto value = store_->get(key);
+    return std::string(value.begin(), value.end());
+  }
+
+ private:
+  c10::intrusive_ptr<c10d::Store> store_;
+};
+
+DataType toDataType(at::ScalarType type, const std::string& what) {
+  switch (type) {
+    case at::kFloat:
+      return DataType::kFloat32;
+    case at::kDouble:
+      return DataType::kFloat64;
+    case at::kHalf:
+      return DataType::kFloat16;
+    case at::kBFloat16:
+      return DataType::kBFloat16;
+    case at::kChar:
+      return DataType::kInt8;
+    case at::kShort:
+      return DataType::kInt16;
+    case at::kInt:
+      return DataType::kInt32;
+    case at::kLong:
+      return DataType::kInt64;
+    case at::kByte:
+      return DataType::kUInt8;
+    case at::kBool:
+      return DataType::kBool;
+    default:
+      TORCH_CHECK(false, "torus: ", what, " has dtype ", type,
+                  ", which is not supported (supported: float32, float64, float16, bfloat16, int8, int16, int32, "
+                  "int64, uint8, bool)");
+  }
+}
+
+// Checks what every collective needs of a tensor; `what` names it in the error, e.g.
+// "allgather output tensor 3".
+void checkTensor(const at::Tensor& tensor, const std::string& what) {
+  TORCH_CHECK(tensor.defined(), "torus: ", what, " is undefined");
+  TORCH_CHECK(!tensor.is_cuda(), "torus: ", what,
+              " is a CUDA tensor; CUDA tensors are not supported yet by the torus backend "
+              "(use a device map such as backend=\"cpu:torus,cuda:nccl\")");
+  TORCH_CHECK(tensor.device().is_cpu(), "torus: ", what, " is on device ", tensor.device(),
+              "; only CPU tensors are supported");
+  TORCH_CHECK(tensor.layout() == at::kStrided, "torus: ", what, " has layout ", tensor.layout(),
+              "; only dense (strided) tensors are supported");
+  toDataType(tensor.scalar_type(), what);
+}
+
+void checkSameKind(const at::Tensor& tensor, const at::Tensor& reference, const std::string& what,
+                   const std::string& referenceName) {
+  checkTensor(tensor, what);
+  TORCH_CHECK_VALUE(tensor.scalar_type() == reference.scalar_type(), "torus: ", what, " has dtype ",
+                    tensor.scalar_type(), " but ", referenceName, " has dtype ", reference.scalar_type());
+  TORCH_CHECK_VALUE(tensor.numel() == reference.numel(), "torus: ", what, " has ", tensor.numel(),
+                    " elements but ", referenceName, " has ", reference.numel());
+}
+
+void checkRoot(int64_t root, int size, const char* collective) {
+  TORCH_CHECK_VALUE(root >= 0 && root < size, "torus: ", collective, " root rank ", root,
+                    " is out of range for a group of size ", size);
+}
+
+void checkSingle(size_t count, const char* what) {
+  TORCH_CHECK_VALUE(count == 1, "torus: ", what, " takes exactly one tensor, got ", count);
+}
+
+void checkListLength(size_t length, int size, const std::string& what) {
+  TORCH_CHECK_VALUE(length == static_cast<size_t>(size), "torus: ", what, " has ", length,
+                    " tensors but the group has ", size, " ranks");
+}
+
+size_t bytesOf(const at::Tensor& tensor) {
+  return static_cast<size_t>(tensor.numel()) * tensor.element_size();
+}
+
+at::Tensor contiguousBuffer(const at::Tensor& tensor) {
+  return tensor.is_contiguous() ? tensor : tensor.contiguous();
+}
+
+void writeBack(at::Tensor& tensor, const at::Tensor& buffer) {
+  if (!tensor.is_same(buffer)) {
+    tensor.copy_(buffer.view(tensor.sizes()));
+  }
+}
+
+Blocks blocksOfCounts(const std::vector<size_t>& counts) {
+  Blocks blocks;
+  size_t offset = 0;
+  for (size_t count : counts) {
+    blocks.offsets.push_back(offset);
+    blocks.counts.push_back(count);
+    offset += count;
+  }
+  return blocks;
+}
+
+// The tensors' bytes back to back, as one uint8 tensor.
+at::Tensor packBytes(const std::vector<at::Tensor>& tensors, int64_t extraBlocks = 1) {
+  int64_t total = 0;
+  for (const auto& t : tensors) {
+    total += static_cast<int64_t>(bytesOf(t));
+  }
+  auto packed = at::empty({total * extraBlocks}, at::kByte);
+  int64_t offset = 0;
+  for (const auto& t : tensors) {
+    auto n = static_cast<int64_t>(bytesOf(t));
+    if (n > 0) {
+      std::memcpy(static_cast<char*>(packed.data_ptr()) + offset, contiguousBuffer(t).data_ptr(), n);
+    }
+    offset += n;
+  }
+  return packed;
+}
+
+// Copies `bytes` (a uint8 view) into `tensor`, whatever its dtype and strides.
+void unpackBytes(at::Tensor& tensor, const at::Tensor& bytes) {
+  if (tensor.numel() == 0) {
+    return;
+  }
+  auto view = bytes.view(tensor.scalar_type()).view(tensor.sizes());
+  tensor.copy_(view);
+}
+
+const char* reduceOpName(c10d::ReduceOp::RedOpType op) {
+  switch (op) {
+    case c10d::ReduceOp::SUM:
+      return "SUM";
+    case c10d::ReduceOp::AVG:
+      return "AVG";
+    case c10d::ReduceOp::PRODUCT:
+      return "PRODUCT";
+    case c10d::ReduceOp::MIN:
+      return "MIN";
+    case c10d::ReduceOp::MAX:
+      return "MAX";
+    case c10d::ReduceOp::BAND:
+      return "BAND";
+    case c10d::ReduceOp::BOR:
+      return "BOR";
+    case c10d::ReduceOp::BXOR:
+      return "BXOR";
+    case c10d::ReduceOp::PREMUL_SUM:
+      return "PREMUL_SUM";
+    default:
+      return "UNUSED";
+  }
+}
+
+} // namespace
+
+ProcessGroupTorus::ProcessGroupTorus(const c10::intrusive_ptr<c10d::Store>& store, int rank, int size,
+                                     std::chrono::milliseconds timeout, TorusConfig config, std::string groupName)
+    : c10d::Backend(rank, size), config_(std::move(config)), groupName_(std::move(groupName)), timeout_(timeout) {
+  TORCH_CHECK_VALUE(config_.chunkBytes > 0, "torus: chunk size must be positive, got ", config_.chunkBytes);
+  chunking_.chunkBytes = static_cast<size_t>(config_.chunkBytes);
+  StoreRendezvous rendezvous(store);
+  TcpOptions tcp;
+  tcp.address = config_.address;
+  tcp.timeout = timeout;
+  try {
+    transport_ = std::make_shared<TcpTransport>(rank, size, rendezvous, tcp);
+  } catch (const CommError& e) {
+    C10_THROW_ERROR(DistBackendError, std::string("torus: cannot create group '") + groupName_ + "': " + e.what());
+  }
+  std::vector<int> members(static_cast<size_t>(size));
+  std::iota(members.begin(), members.end(), 0);
+  comm_ = std::make_unique<Comm>(transport_, std::move(members), rank);
+  worker_ = std::thread(&ProcessGroupTorus::runWorker, this);
+  if (config_.logLevel >= 1) {
+    std::ostringstream line;
+    line << "group '" << groupName_ << "' ready: " << size << " ranks over tcp (" << config_.address
+         << "), allreduce " << config_.allreduce << ", chunk " << config_.chunkBytes << " bytes";
+    logLine(rank, line.str());
+  }
+}
+
+ProcessGroupTorus::~ProcessGroupTorus() {
+  stopWorker(false);
+}
+
+uint64_t ProcessGroupTorus::getSequenceNumberForGroup() {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return issued_;
+}
+
+std::chrono::milliseconds ProcessGroupTorus::timeoutOf(std::chrono::milliseconds requested) const {
+  return requested == c10d::kUnsetTimeout ? timeout_ : requested;
+}
+
+c10::intrusive_ptr<c10d::Work> ProcessGroupTorus::enqueue(c10d::OpType type, const char* title,
+                                                          std::vector<at::Tensor> outputs,
+                                                          std::vector<at::Tensor> inputs,
+                                                          std::chrono::milliseconds timeout, Body body) {
+  std::unique_lock<std::mutex> lock(mutex_);
+  TORCH_CHECK(!stopping_, "torus: ", title, " called on a process group that has been shut down or aborted");
+  uint64_t seq = ++issued_;
+  auto work = c10::make_intrusive<TorusWork>(rank_, type, title, std::move(outputs), seq, std::move(inputs));
+  std::ostringstream context;
+  context << title << " #" << seq << " (rank " << rank_ << " of " << size_ << ", group '" << groupName_ << "')";
+  queue_.push_back(Job{work, context.str(), timeoutOf(timeout), std::move(body)});
+  lock.unlock();
+  queueChanged_.notify_one();
+  return work;
+}
+
+void ProcessGroupTorus::runWorker() {
+  for (;;) {
+    Job job;
+    {
+      std::unique_lock<std::mutex> lock(mutex_);
+      queueChanged_.wait(lock, [&] { return stopping_ || !queue_.empty(); });
+      if (queue_.empty()) {
+        return;
+      }
+      job = std::move(queue_.front());
+      queue_.pop_front();
+    }
+    std::exception_ptr error;
+    if (!failure_.empty()) {
+      try {
+        C10_THROW_ERROR(DistBackendError,
+                        job.context + ": the group is unusable after an earlier failure: " + failure_);
+      } catch (...) {
+        error = std::current_exception();
+      }
+    } else {
+      try {
+        if (config_.logLevel >= 2) {
+          logLine(rank_, job.context);
+        }
+        comm_->setTag(job.work->getSequencenumber());
+        comm_->setDeadline(Clock::now() + job.timeout);
+        job.body(*comm_);
+      } catch (const CommError& e) {
+        failure_ = job.context + ": " + e.what();
+        error = asTorchError(std::current_exception(), job.context);
+      } catch (...) {
+        error = asTorchError(std::current_exception(), job.context);
+      }
+    }
+    if (error) {
+      job.work->fail(error);
+    } else {
+      job.work->complete();
+    }
+  }
+}
+
+void ProcessGroupTorus::stopWorker(bool abortPending) {
+  std::deque<Job> abandoned;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    stopping_ = true;
+    if (abortPending) {
+      abandoned.swap(queue_);
+    }
+  }
+  queueChanged_.notify_all();
+  for (auto& job : abandoned) {
+    job.work->fail(asTorchError(std::make_exception_ptr(CommError(CommError::Kind::kAborted,
+                                                                  "the process group was aborted")),
+                                job.context));
+  }
+  if (worker_.joinable()) {
+    worker_.join();
+  }
+}
+
+void ProcessGroupTorus::shutdown() {
+  stopWorker(false);
+}
+
+void ProcessGroupTorus::abort() {
+  transport_->abort("the process group was aborted");
+  stopWorker(true);
+}
+
+ProcessGroupTorus::Reduction ProcessGroupTorus::reductionFor(const c10d::ReduceOp& op, at::ScalarType dtype,
+                                                             const char* collective) const {
+  DataType dataType = toDataType(dtype, std::string(collective) + " tensor");
+  const bool floating = isFloatingPoint(dataType);
+  Reduction reduction;
+  ReduceKind kind = ReduceKind::kSum;
+  switch (op.op_) {
+    case c10d::ReduceOp::SUM:
+      break;
+    case c10d::ReduceOp::AVG:
+      TORCH_CHECK(floating, "torus: ReduceOp.AVG in ", collective, " needs a floating-point tensor, got ", dtype);
+      reduction.average = true;
+      break;
+    case c10d::ReduceOp::PREMUL_SUM: {
+      TORCH_CHECK(floating, "torus: ReduceOp.PREMUL_SUM in ", collective, " needs a floating-point tensor, got ",
+                  dtype);
+      auto* supplement = dynamic_cast<c10d::PreMulSumSupplement*>(op.supplement_.get());
+      TORCH_CHECK(supplement != nullptr, "torus: ReduceOp.PREMUL_SUM in ", collective, " carries no factor");
+      reduction.preScale =
+          supplement->tensor_factor.defined() ? supplement->tensor_factor.item<double>() : supplement->double_factor;
+      break;
+    }
+    case c10d::ReduceOp::PRODUCT:
+      kind = ReduceKind::kProduct;
+      break;
+    case c10d::ReduceOp::MIN:
+      kind = ReduceKind::kMin;
+      break;
+    case c10d::ReduceOp::MAX:
+      kind = ReduceKind::kMax;
+      break;
+    case c10d::ReduceOp::BAND:
+      kind = ReduceKind::kBand;
+      break;
+    case c10d::ReduceOp::BOR:
+      kind = ReduceKind::kBor;
+      break;
+    case c10d::ReduceOp::BXOR:
+      kind = ReduceKind::kBxor;
+      break;
+    default:
+      TORCH_CHECK(false, "torus: reduce op ", reduceOpName(op.op_), " is not supported (", collective, ")");
+  }
+  reduction.reducer = makeReducer(dataType, kind);
+  TORCH_CHECK(reduction.reducer.fn != nullptr, "torus: ReduceOp.", reduceOpName(op.op_),
+              " is not supported for ", dtype, " tensors (", collective, ")");
+  return reduction;
+}
+
+void ProcessGroupTorus::applyPreScale(const Reduction& reduction, at::Tensor& tensor) const {
+  if (reduction.preScale != 1.0) {
+    tensor.mul_(reduction.preScale);
+  }
+}
+
+void ProcessGroupTorus::applyAverage(const Reduction& reduction, at::Tensor& tensor) const {
+  if (reduction.average) {
+    tensor.div_(size_);
+  }
+}
+
+c10::intrusive_ptr<c10d::Work> ProcessGroupTorus::allreduce(std::vector<at::Tensor>& tensors,
+                                                            const c10d::AllreduceOptions& opts) {
+  checkSingle(tensors.size(), "allreduce");
+  at::Tensor tensor = tensors[0];
+  checkTensor(tensor, "allreduce tensor");
+  auto reduction = reductionFor(opts.reduceOp, tensor.scalar_type(), "allreduce");
+  return enqueue(c10d::OpType::ALLREDUCE, "torus:all_reduce", {tensor}, {tensor}, opts.timeout,
+                 [this, tensor, reduction](Comm& comm) mutable {
+                   at::Tensor buffer = contiguousBuffer(tensor);
+                   applyPreScale(reduction, buffer);
+                   ring_allreduce(comm, buffer.data_ptr(), static_cast<size_t>(buffer.numel()), reduction.reducer,
+                                  chunking_, scratch_);
+                   applyAverage(reduction, buffer);
+                   writeBack(tensor, buffer);
+                 });
+}
+
+c10::intrusive_ptr<c10d::Work> ProcessGroupTorus::allreduce_coalesced(std::vector<at::Tensor>& tensors,
+                                                                      const c10d::AllreduceCoalescedOptions& opts) {
+  TORCH_CHECK_VALUE(!tensors.empty(), "torus: allreduce_coalesced needs at least one tensor");
+  for (size_t i = 0; i < tensors.size(); ++i) {
+    checkTensor(tensors[i], "allreduce_coalesced tensor " + std::to_string(i));
+    TORCH_CHECK_VALUE(tensors[i].scalar_type() == tensors[0].scalar_type(), "torus: allreduce_coalesced tensor ", i,
+                      " has dtype ", tensors[i].scalar_type(), " but tensor 0 has ", tensors[0].scalar_type());
+  }
+  auto reduction = reductionFor(opts.reduceOp, tensors[0].scalar_type(), "allreduce_coalesced");
+  return enqueue(c10d::OpType::ALLREDUCE_COALESCED, "torus:all_reduce_coalesced", tensors, tensors, opts.timeout,
+                 [this, tensors, reduction](Comm& comm) mutable {
+                   std::vector<at::Tensor> flat;
+                   for (const auto& t : tensors) {
+                     flat.push_back(t.reshape({-1}));
+                   }
+                   at::Tensor buffer = at::cat(flat);
+                   applyPreScale(reduction, buffer);
+                   ring_allreduce(comm, buffer.data_ptr(), static_cast<size_t>(buffer.numel()), reduction.reducer,
+                                  chunking_, scratch_);
+                   applyAverage(reduction, buffer);
+                   int64_t offset = 0;
+                   for (auto& t : tensors) {
+                     t.copy_(buffer.narrow(0, offset, t.numel()).view(t.sizes()));
+                     offset += t.numel();
+                   }
+                 });
+}
+
+c10::intrusive_ptr<c10d::Work> ProcessGroupTorus::broadcast(std::vector<at::Tensor>& tensors,
+                                                            const c10d::BroadcastOptions& opts) {
+  checkSingle(tensors.size(), "broadcast");
+  checkRoot(opts.rootRank, size_, "broadcast");
+  at::Tensor tensor = tensors[0];
+  checkTensor(tensor, "broadcast tensor");
+  int root = static_cast<int>(opts.rootRank);
+  return enqueue(c10d::OpType::BROADCAST, "torus:broadcast", {tensor}, {tensor}, opts.timeout,
+                 [this, tensor, root](Comm& comm) mutable {
+                   at::Tensor buffer = contiguousBuffer(tensor);
+                   broadcast_binomial(comm, buffer.data_ptr(), bytesOf(buffer), root, chunking_);
+                   writeBack(tensor, buffer);
+                 });
+}
+
+c10::intrusive_ptr<c10d::Work> ProcessGroupTorus::reduce(std::vector<at::Tensor>& tensors,
+                                                         const c10d::ReduceOptions& opts) {
+  checkSingle(tensors.size(), "reduce");
+  checkRoot(opts.rootRank, size_, "reduce");
+  at::Tensor tensor = tensors[0];
+  checkTensor(tensor, "reduce tensor");
+  auto reduction = reductionFor(opts.reduceOp, tensor.scalar_type(), "reduce");
+  int root = static_cast<int>(opts.rootRank);
+  return enqueue(c10d::OpType::REDUCE, "torus:reduce", {tensor}, {tensor}, opts.timeout,
+                 [this, tensor, reduction, root](Comm& comm) mutable {
+                   // Only the root's tensor is an output; the others keep their values.
+                   at::Tensor buffer = comm.rank() == root ? contiguousBuffer(tensor)
+                                                           : tensor.clone(at::MemoryFormat::Contiguous);
+                   applyPreScale(reduction, buffer);
+                   reduce_binomial(comm, buffer.data_ptr(), static_cast<size_t>(buffer.numel()), reduction.reducer,
+                                   root, chunking_, scratch_);
+                   if (comm.rank() == root) {
+                     applyAverage(reduction, buffer);
+                     writeBack(tensor, buffer);
+                   }
+                 });
+}
+
+c10::intrusive_ptr<c10d::Work> ProcessGroupTorus::allgather(std::vector<std::vector<at::Tensor>>& outputs,
+                                                            std::vector<at::Tensor>& inputs,
+                                                            const c10d::AllgatherOptions& opts) {
+  checkSingle(inputs.size(), "allgather input");
+  checkSingle(outputs.size(), "allgather output list");
+  at::Tensor input = inputs[0];
+  checkTensor(input, "allgather input tensor");
+  std::vector<at::Tensor> outputList = outputs[0];
+  checkListLength(outputList.size(), size_, "allgather output list");
+  for (size_t i = 0; i < outputList.size(); ++i) {
+    checkSameKind(outputList[i], input, "allgather output tensor " + std::to_string(i), "the input tensor");
+  }
+  return enqueue(c10d::OpType::ALLGATHER, "torus:all_gather", outputList, {input}, opts.timeout,
+                 [this, input, outputList](Comm& comm) mutable {
+                   const size_t count = static_cast<size_t>(input.numel());
+                   at::Tensor gathered = at::empty({static_cast<int64_t>(count) * size_}, input.options());
+                   gathered.narrow(0, static_cast<int64_t>(count) * rank_, static_cast<int64_t>(count))
+                       .copy_(input.reshape({-1}));
+                   ring_allgather(comm, gathered.data_ptr(),
+                                  blocksOfCounts(std::vector<size_t>(static_cast<size_t>(size_), count)),
+                                  gathered.element_size(), chunking_);
+                   for (int i = 0; i < size_; ++i) {
+                     outputList[i].copy_(gathered.narrow(0, static_cast<int64_t>(count) * i, static_cast<int64_t>(count))
+                                             .view(outputList[i].sizes()));
+                   }
+                 });
+}
+
+c10::intrusive_ptr<c10d::Work> ProcessGroupTorus::_allgather_base(at::Tensor& output, at::Tensor& input,
+                                                                  const c10d::AllgatherOptions& opts) {
+  checkTensor(input, "all_gather_into_tensor input");
+  checkTensor(output, "all_gather_into_tensor output");
+  TORCH_CHECK_VALUE(output.scalar_type() == input.scalar_type(), "torus: all_gather_into_tensor output has dtype ",
+                    output.scalar_type(), " but input has ", input.scalar_type());
+  TORCH_CHECK_VALUE(output.numel() == input.numel() * size_, "torus: all_gather_into_tensor output has ",
+                    output.numel(), " elements; it needs world size (", size_, ") x input elements (", input.numel(),
+                    ")");
+  return enqueue(c10d::OpType::_ALLGATHER_BASE, "torus:all_gather_into_tensor", {output}, {input}, opts.timeout,
+                 [this, input, output](Comm& comm) mutable {
+                   const size_t count = static_cast<size_t>(input.numel());
+                   at::Tensor buffer = output.is_contiguous() ? output : at::empty({output.numel()}, output.options());
+                   buffer.view({-1})
+                       .narrow(0, static_cast<int64_t>(count) * rank_, static_cast<int64_t>(count))
+                       .copy_(input.reshape({-1}));
+                   ring_allgather(comm, buffer.data_ptr(),
+                                  blocksOfCounts(std::vector<size_t>(static_cast<size_t>(size_), count)),
+                                  buffer.element_size(), chunking_);
+                   writeBack(output, buffer);
+                 });
+}
+
+namespace {
+
+// Allgather of byte blocks: every rank contributes `mine` (the same length on every rank);
+// returns world-size blocks back to back.
+at::Tensor allgatherBytes(Comm& comm, const at::Tensor& mine, const Chunking& chunking) {
+  const size_t blockBytes = static_cast<size_t>(mine.numel());
+  const int n = comm.size();
+  at::Tensor gathered = at::empty({static_cast<int64_t>(blockBytes) * n}, at::kByte);
+  if (blockBytes > 0) {
+    std::memcpy(static_cast<char*>(gathered.data_ptr()) + blockBytes * comm.rank(), mine.data_ptr(), blockBytes);
+  }
+  ring_allgather(comm, gathered.data_ptr(), blocksOfCounts(std::vector<size_t>(static_cast<size_t>(n), blockBytes)),
+                 1, chunking);
+  return gathered;
+}
+
+} // namespace
+
+c10::intrusive_ptr<c10d::Work> ProcessGroupTorus::allgather_coalesced(std::vector<std::vector<at::Tensor>>& outputLists,
+                                                                      std::vector<at::Tensor>& inputs,
+                                                                      const c10d::AllgatherOptions& opts) {
+  checkListLength(outputLists.size(), size_, "allgather_coalesced output lists");
+  for (size_t j = 0; j < inputs.size(); ++j) {
+    checkTensor(inputs[j], "allgather_coalesced input tensor " + std::to_string(j));
+  }
+  std::vector<at::Tensor> flatOutputs;
+  for (size_t i = 0; i < outputLists.size(); ++i) {
+    TORCH_CHECK_VALUE(outputLists[i].size() == inputs.size(), "torus: allgather_coalesced output list ", i, " has ",
+                      outputLists[i].size(), " tensors but there are ", inputs.size(), " inputs");
+    for (size_t j = 0; j < inputs.size(); ++j) {
+      checkSameKind(outputLists[i][j], inputs[j],
+                    "allgather_coalesced output " + std::to_string(i) + "/" + std::to_string(j),
+                    "input tensor " + std::to_string(j));
+      flatOutputs.push_back(outputLists[i][j]);
+    }
+  }
+  return enqueue(c10d::OpType::ALLGATHER_COALESCED, "torus:all_gather_coalesced", flatOutputs, inputs, opts.timeout,
+                 [this, inputs, outputLists](Comm& comm) mutable {
+                   at::Tensor gathered = allgatherBytes(comm, packBytes(inputs), chunking_);
+                   const int64_t blockBytes = gathered.numel() / size_;
+                   for (int i = 0; i < size_; ++i) {
+                     int64_t offset = blockBytes * i;
+                     for (auto& out : outputLists[i]) {
+                       auto n = static_cast<int64_t>(bytesOf(out));
+                       unpackBytes(out, gathered.narrow(0, offset, n));
+                       offset += n;
+                     }
+                   }
+                 });
+}
+
+c10::intrusive_ptr<c10d::Work> ProcessGroupTorus::allgather_into_tensor_coalesced(std::vector<at::Tensor>& outputs,
+                                                                                  std::vector<at::Tensor>& inputs,
+                                                                                  const c10d::AllgatherOptions& opts) {
+  TORCH_CHECK_VALUE(outputs.size() == inputs.size(), "torus: allgather_into_tensor_coalesced has ", outputs.size(),
+                    " outputs but ", inputs.size(), " inputs");
+  for (size_t j = 0; j < inputs.size(); ++j) {
+    checkTensor(inputs[j], "allgather_into_tensor_coalesced input " + std::to_string(j));
+    checkTensor(outputs[j], "allgather_into_tensor_coalesced output " + std::to_string(j));
+    TORCH_CHECK_VALUE(outputs[j].scalar_type() == inputs[j].scalar_type() &&
+                          outputs[j].numel() == inputs[j].numel() * size_,
+                      "torus: allgather_into_tensor_coalesced output ", j, " must have the input's dtype and world size (",
+                      size_, ") times its elements");
+  }
+  return enqueue(c10d::OpType::COALESCED, "torus:all_gather_into_tensor_coalesced", outputs, inputs, opts.timeout,
+                 [this, inputs, outputs](Comm& comm) mutable {
+                   at::Tensor gathered = allgatherBytes(comm, packBytes(inputs), chunking_);
+                   const int64_t blockBytes = gathered.numel() / size_;
+                   int64_t offset = 0;
+                   for (size_t j = 0; j < inputs.size(); ++j) {
+                     const auto n = static_cast<int64_t>(bytesOf(inputs[j]));
+                     std::vector<at::Tensor> pieces;
+                     for (int i = 0; i < size_; ++i) {
+                       pieces.push_back(gathered.narrow(0, blockBytes * i + offset, n));
+                     }
+                     unpackBytes(outputs[j], at::cat(pieces));
+                     offset += n;
+                   }
+                 });
+}
+
+c10::intrusive_ptr<c10d::Work> ProcessGroupTorus::gather(std::vector<std::vector<at::Tensor>>& outputs,
+                                                         std::vector<at::Tensor>& inputs,
+                                                         const c10d::GatherOptions& opts) {
+  checkRoot(opts.rootRank, size_, "gather");
+  checkSingle(inputs.size(), "gather input");
+  at::Tensor input = inputs[0];
+  checkTensor(input, "gather input tensor");
+  const int root = static_cast<int>(opts.rootRank);
+  std::vector<at::Tensor> outputList;
+  if (rank_ == root) {
+    checkSingle(outputs.size(), "gather output list");
+    outputList = outputs[0];
+    checkListLength(outputList.size(), size_, "gather output list");
+    for (size_t i = 0; i < outputList.size(); ++i) {
+      checkSameKind(outputList[i], input, "gather output tensor " + std::to_string(i), "the input tensor");
+    }
+  } else {
+    TORCH_CHECK_VALUE(outputs.empty() || (outputs.size() == 1 && outputs[0].empty()), "torus: gather outputs must be ",
+                      "empty on non-root ranks (rank ", rank_, " is not the root ", root, ")");
+  }
+  return enqueue(c10d::OpType::GATHER, "torus:gather", outputList, {input}, opts.timeout,
+                 [this, input, outputList, root](Comm& comm) mutable {
+                   at::Tensor in = contiguousBuffer(input);
+                   const size_t nbytes = bytesOf(in);
+                   at::Tensor gathered;
+                   if (comm.rank() == root) {
+                     gathered = at::empty({static_cast<int64_t>(nbytes) * size_}, at::kByte);
+                   }
+                   gather_direct(comm, in.data_ptr(), nbytes, root == comm.rank() ? gathered.data_ptr() : nullptr,
+                                 root);
+                   for (int i = 0; i < static_cast<int>(outputList.size()); ++i) {
+                     unpackBytes(outputList[i], gathered.narrow(0, static_cast<int64_t>(nbytes) * i,
+                                                                static_cast<int64_t>(nbytes)));
+                   }
+                 });
+}
+
+c10::intrusive_ptr<c10d::Work> ProcessGroupTorus::scatter(std::vector<at::Tensor>& outputs,
+                                                          std::vector<std::vector<at::Tensor>>& inputs,
+                                                          const c10d::ScatterOptions& opts) {
+  checkRoot(opts.rootRank, size_, "scatter");
+  checkSingle(outputs.size(), "scatter output");
+  at::Tensor output = outputs[0];
+  checkTensor(output, "scatter output tensor");
+  const int root = static_cast<int>(opts.rootRank);
+  std::vector<at::Tensor> inputList;
+  if (rank_ == root) {
+    checkSingle(inputs.size(), "scatter input list");
+    inputList = inputs[0];
+    checkListLength(inputList.size(), size_, "scatter input list");
+    for (size_t i = 0; i < inputList.size(); ++i) {
+      checkSameKind(inputList[i], output, "scatter input tensor " + std::to_string(i), "the output tensor");
+    }
+  } else {
+    TORCH_CHECK_VALUE(inputs.empty() || (inputs.size() == 1 && inputs[0].empty()), "torus: scatter inputs must be ",
+                      "empty on non-root ranks (rank ", rank_, " is not the root ", root, ")");
+  }
+  return enqueue(c10d::OpType::SCATTER, "torus:scatter", {output}, inputList, opts.timeout,
+                 [this, output, inputList, root](Comm& comm) mutable {
+                   at::Tensor packed = comm.rank() == root ? packBytes(inputList) : at::Tensor();
+                   at::Tensor buffer = contiguousBuffer(output);
+                   scatter_direct(comm, packed.defined() ? packed.data_ptr() : nullptr, buffer.data_ptr(),
+                                  bytesOf(buffer), root);
+                   writeBack(output, buffer);
+                 });
+}
+
+c10::intrusive_ptr<c10d::Work> ProcessGroupTorus::reduce_scatter(std::vector<at::Tensor>& outputs,
+                                                                 std::vector<std::vector<at::Tensor>>& inputs,
+                                                                 const c10d::ReduceScatterOptions& opts) {
+  checkSingle(outputs.size(), "reduce_scatter output");
+  checkSingle(inputs.size(), "reduce_scatter input list");
+  at::Tensor output = outputs[0];
+  checkTensor(output, "reduce_scatter output tensor");
+  std::vector<at::Tensor> inputList = inputs[0];
+  checkListLength(inputList.size(), size_, "reduce_scatter input list");
+  for (size_t i = 0; i < inputList.size(); ++i) {
+    checkTensor(inputList[i], "reduce_scatter input tensor " + std::to_string(i));
+    TORCH_CHECK_VALUE(inputList[i].scalar_type() == output.scalar_type(), "torus: reduce_scatter input tensor ", i,
+                      " has dtype ", inputList[i].scalar_type(), " but the output has ", output.scalar_type());
+  }
+  TORCH_CHECK_VALUE(inputList[rank_].numel() == output.numel(), "torus: reduce_scatter input tensor ", rank_, " has ",
+                    inputList[rank_].numel(), " elements but the output has ", output.numel());
+  auto reduction = reductionFor(opts.reduceOp, output.scalar_type(), "reduce_scatter");
+  return enqueue(c10d::OpType::REDUCE_SCATTER, "torus:reduce_scatter", {output}, inputList, opts.timeout,
+                 [this, output, inputList, reduction](Comm& comm) mutable {
+                   std::vector<at::Tensor> flat;
+                   std::vector<size_t> counts;
+                   for (const auto& t : inputList) {
+                     flat.push_back(t.reshape({-1}));
+                     counts.push_back(static_cast<size_t>(t.numel()));
+                   }
+                   at::Tensor buffer = at::cat(flat);
+                   applyPreScale(reduction, buffer);
+                   Blocks blocks = blocksOfCounts(counts);
+                   ring_reduce_scatter(comm, buffer.data_ptr(), blocks, reduction.reducer, chunking_, scratch_);
+                   at::Tensor mine = buffer.narrow(0, static_cast<int64_t>(blocks.offsets[rank_]),
+                                                   static_cast<int64_t>(blocks.counts[rank_]));
+                   applyAverage(reduction, mine);
+                   output.copy_(mine.view(output.sizes()));
+                 });
+}
+
+namespace {
+
+void checkReduceScatterTensor(const at::Tensor& output, const at::Tensor& input, int size, const std::string& what) {
+  checkTensor(input, what + " input");
+  checkTensor(output, what + " output");
+  TORCH_CHECK_VALUE(output.scalar_type() == input.scalar_type(), "torus: ", what, " output has dtype ",
+                    output.scalar_type(), " but input has ", input.scalar_type());
+  TORCH_CHECK_VALUE(input.numel() == output.numel() * size, "torus: ", what, " input has ", input.numel(),
+                    " elements; it needs world size (", size, ") x output elements (", output.numel(), ")");
+}
+
+} // namespace
+
+c10::intrusive_ptr<c10d::Work> ProcessGroupTorus::_reduce_scatter_base(at::Tensor& output, at::Tensor& input,
+                                                                       const c10d::ReduceScatterOptions& opts) {
+  std::vector<at::Tensor> outputs{output};
+  std::vector<at::Tensor> inputs{input};
+  return reduce_scatter_tensor_coalesced(outputs, inputs, opts);
+}
+
+c10::intrusive_ptr<c10d::Work> ProcessGroupTorus::reduce_scatter_tensor_coalesced(
+    std::vector<at::Tensor>& outputs, std::vector<at::Tensor>& inputs, const c10d::ReduceScatterOptions& opts) {
+  TORCH_CHECK_VALUE(outputs.size() == inputs.size(), "torus: reduce_scatter_tensor has ", outputs.size(),
+                    " outputs but ", inputs.size(), " inputs");
+  std::vector<Reduction> reductions;
+  for (size_t j = 0; j < inputs.size(); ++j) {
+    checkReduceScatterTensor(outputs[j], inputs[j], size_,
+                             inputs.size() == 1 ? "reduce_scatter_tensor" : "reduce_scatter_tensor " + std::to_string(j));
+    reductions.push_back(reductionFor(opts.reduceOp, inputs[j].scalar_type(), "reduce_scatter_tensor"));
+  }
+  return enqueue(c10d::OpType::_REDUCE_SCATTER_BASE, "torus:reduce_scatter_tensor", outputs, inputs, opts.timeout,
+                 [this, outputs, inputs, reductions](Comm& comm) mutable {
+                   for (size_t j = 0; j < inputs.size(); ++j) {
+                     at::Tensor buffer = inputs[j].reshape({-1}).clone(at::MemoryFormat::Contiguous);
+                     applyPreScale(reductions[j], buffer);
+                     const auto count = static_cast<size_t>(outputs[j].numel());
+                     ring_reduce_scatter(comm, buffer.data_ptr(),
+                                         blocksOfCounts(std::vector<size_t>(static_cast<size_t>(size_), count)),
+                                         reductions[j].reducer, chunking_, scratch_);
+                     at::Tensor mine = buffer.narrow(0, static_cast<int64_t>(count) * rank_, static_cast<int64_t>(count));
+                     applyAverage(reductions[j], mine);
+                     outputs[j].copy_(mine.view(outputs[j].sizes()));
+                   }
+                 });
+}
+
+namespace {
+
+// Byte offsets and lengths of dim-0 splits of `tensor`; even splits when `splits` is empty.
+void splitBytes(const at::Tensor& tensor, const std::vector<int64_t>& splits, int size, const char* what,
+                std::vector<size_t>& offsets, std::vector<size_t>& lengths) {
+  const int64_t rows = tensor.dim() == 0 ? 1 : tensor.size(0);
+  const size_t rowBytes = rows == 0 ? 0 : bytesOf(tensor) / static_cast<size_t>(rows);
+  std::vector<int64_t> rowsPerRank;
+  if (splits.empty()) {
+    TORCH_CHECK_VALUE(rows % size == 0, "torus: all_to_all_single ", what, " has ", rows,
+                      " rows, which the world size (", size, ") does not divide; pass split sizes");
+    rowsPerRank.assign(static_cast<size_t>(size), rows / size);
+  } else {
+    TORCH_CHECK_VALUE(splits.size() == static_cast<size_t>(size), "torus: all_to_all_single ", what, " split sizes have ",
+                      splits.size(), " entries but the group has ", size, " ranks");
+    int64_t total = 0;
+    for (int64_t s : splits) {
+      TORCH_CHECK_VALUE(s >= 0, "torus: all_to_all_single ", what, " split sizes must not be negative, got ", s);
+      total += s;
+    }
+    TORCH_CHECK_VALUE(total == rows, "torus: all_to_all_single ", what, " split sizes sum to ", total, " but the ",
+                      what, " tensor has ", rows, " rows");
+    rowsPerRank = splits;
+  }
+  size_t offset = 0;
+  for (int64_t r : rowsPerRank) {
+    offsets.push_back(offset);
+    lengths.push_back(static_cast<size_t>(r) * rowBytes);
+    offset += static_cast<size_t>(r) * rowBytes;
+  }
+}
+
+} // namespace
+
+c10::intrusive_ptr<c10d::Work> ProcessGroupTorus::alltoall_base(at::Tensor& output, at::Tensor& input,
+                                                                std::vector<int64_t>& outputSplits,
+                                                                std::vector<int64_t>& inputSplits,
+                                                                const c10d::AllToAllOptions& opts) {
+  checkTensor(input, "all_to_all_single input");
+  checkTensor(output, "all_to_all_single output");
+  TORCH_CHECK_VALUE(output.scalar_type() == input.scalar_type(), "torus: all_to_all_single output has dtype ",
+                    output.scalar_type(), " but input has ", input.scalar_type());
+  std::vector<size_t> sendOffsets, sendBytes, recvOffsets, recvBytes;
+  splitBytes(input, inputSplits, size_, "input", sendOffsets, sendBytes);
+  splitBytes(output, outputSplits, size_, "output", recvOffsets, recvBytes);
+  TORCH_CHECK_VALUE(sendBytes[rank_] == recvBytes[rank_], "torus: all_to_all_single keeps ", sendBytes[rank_],
+                    " bytes of its own input but expects ", recvBytes[rank_], " in its output");
+  return enqueue(c10d::OpType::ALLTOALL_BASE, "torus:all_to_all_single", {output}, {input}, opts.timeout,
+                 [output, input, sendOffsets, sendBytes, recvOffsets, recvBytes](Comm& comm) mutable {
+                   at::Tensor in = contiguousBuffer(input);
+                   at::Tensor out = contiguousBuffer(output);
+                   if (in.numel() > 0 && in.data_ptr() == out.data_ptr()) {
+                     in = in.clone();
+                   }
+                   alltoallv_pairwise(comm, in.data_ptr(), sendOffsets, sendBytes, out.data_ptr(), recvOffsets,
+                                      recvBytes);
+                   writeBack(output, out);
+                 });
+}
+
+c10::intrusive_ptr<c10d::Work> ProcessGroupTorus::alltoall(std::vector<at::Tensor>& outputs,
+                                                           std::vector<at::Tensor>& inputs,
+                                                           const c10d::AllToAllOptions& opts) {
+  checkListLength(inputs.size(), size_, "all_to_all input list");
+  checkListLength(outputs.size(), size_, "all_to_all output list");
+  std::vector<size_t> sendOffsets, sendBytes, recvOffsets, recvBytes;
+  size_t sendTotal = 0, recvTotal = 0;
+  for (int i = 0; i < size_; ++i) {
+    checkTensor(inputs[i], "all_to_all input tensor " + std::to_string(i));
+    checkTensor(outputs[i], "all_to_all output tensor " + std::to_string(i));
+    TORCH_CHECK_VALUE(outputs[i].scalar_type() == inputs[0].scalar_type() &&
+                          inputs[i].scalar_type() == inputs[0].scalar_type(),
+                      "torus: all_to_all tensors must share one dtype; input 0 has ", inputs[0].scalar_type(),
+                      ", input ", i, " has ", inputs[i].scalar_type(), ", output ", i, " has ",
+                      outputs[i].scalar_type());
+    sendOffsets.push_back(sendTotal);
+    sendBytes.push_back(bytesOf(inputs[i]));
+    sendTotal += bytesOf(inputs[i]);
+    recvOffsets.push_back(recvTotal);
+    recvBytes.push_back(bytesOf(outputs[i]));
+    recvTotal += bytesOf(outputs[i]);
+  }
+  TORCH_CHECK_VALUE(sendBytes[rank_] == recvBytes[rank_], "torus: all_to_all input tensor ", rank_, " and output tensor ",
+                    rank_, " differ in size");
+  return enqueue(c10d::OpType::ALLTOALL, "torus:all_to_all", outputs, inputs, opts.timeout,
+                 [outputs, inputs, sendOffsets, sendBytes, recvOffsets, recvBytes, recvTotal](Comm& comm) mutable {
+                   at::Tensor packed = packBytes(inputs);
+                   at::Tensor received = at::empty({static_cast<int64_t>(recvTotal)}, at::kByte);
+                   alltoallv_pairwise(comm, packed.data_ptr(), sendOffsets, sendBytes, received.data_ptr(), recvOffsets,
+                                      recvBytes);
+                   for (size_t i = 0; i < outputs.size(); ++i) {
+                     unpackBytes(outputs[i], received.narrow(0, static_cast<int64_t>(recvOffsets[i]),
+                                                             static_cast<int64_t>(recvBytes[i])));
+                   }
+                 });
+}
+
+c10::intrusive_ptr<c10d::Work> ProcessGroupTorus::barrier(const c10d::BarrierOptions& opts) {
+  return enqueue(c10d::OpType::BARRIER, "torus:barrier", {}, {}, opts.timeout,
+                 [](Comm& comm) { barrier_dissemination(comm); });
+}
+
+namespace {
+
+void checkPeer(int peer, int rank, int size, const char* what) {
+  TORCH_CHECK_VALUE(peer >= 0 && peer < size, "torus: ", what, " rank ", peer, " is out of range for a group of size ",
+                    size);
+  TORCH_CHECK_VALUE(peer != rank, "torus: ", what, " rank ", peer, " is this rank itself");
+}
+
+uint64_t p2pTag(int tag) {
+  TORCH_CHECK_VALUE(tag >= 0, "torus: point-to-point tags must not be negative, got ", tag);
+  return kP2PTagBase + static_cast<uint64_t>(tag);
+}
+
+} // namespace
+
+c10::intrusive_ptr<c10d::Work> ProcessGroupTorus::send(std::vector<at::Tensor>& tensors, int dstRank, int tag) {
+  checkSingle(tensors.size(), "send");
+  checkPeer(dstRank, rank_, size_, "send destination");
+  at::Tensor tensor = tensors[0];
+  checkTensor(tensor, "send tensor");
+  at::Tensor buffer = contiguousBuffer(tensor);
+  auto request = transport_->isend(dstRank, p2pTag(tag), buffer.data_ptr(), bytesOf(buffer));
+  std::ostringstream context;
+  context << "torus:send to rank " << dstRank << " tag " << tag << " (rank " << rank_ << ", group '" << groupName_
+          << "')";
+  return c10::make_intrusive<TorusP2PWork>(rank_, c10d::OpType::SEND, "torus:send", transport_, request, tensor, buffer,
+                                           timeout_, context.str());
+}
+
+c10::intrusive_ptr<c10d::Work> ProcessGroupTorus::recv(std::vector<at::Tensor>& tensors, int srcRank, int tag) {
+  checkSingle(tensors.size(), "recv");
+  checkPeer(srcRank, rank_, size_, "recv source");
+  at::Tensor tensor = tensors[0];
+  checkTensor(tensor, "recv tensor");
+  at::Tensor buffer = tensor.is_contiguous() ? tensor : at::empty_like(tensor, at::MemoryFormat::Contiguous);
+  auto request = transport_->irecv(srcRank, p2pTag(tag), buffer.data_ptr(), bytesOf(buffer));
+  std::ostringstream context;
+  context << "torus:recv from rank " << srcRank << " tag " << tag << " (rank " << rank_ << ", group '" << groupName_
+          << "')";
+  return c10::make_intrusive<TorusP2PWork>(rank_, c10d::OpType::RECV, "torus:recv", transport_, request, tensor, buffer,
+                                           timeout_, context.str());
+}
+
+c10::intrusive_ptr<c10d::Work> ProcessGroupTorus::recvAnysource(std::vector<at::Tensor>& tensors, int tag) {
+  checkSingle(tensors.size(), "recv");
+  at::Tensor tensor = tensors[0];
+  checkTensor(tensor, "recv tensor");
+  at::Tensor buffer = tensor.is_contiguous() ? tensor : at::empty_like(tensor, at::MemoryFormat::Contiguous);
+  auto request = transport_->irecv(kAnyPeer, p2pTag(tag), buffer.data_ptr(), bytesOf(buffer));
+  std::ostringstream context;
+  context << "torus:recv from any rank, tag " << tag << " (rank " << rank_ << ", group '" << groupName_ << "')";
+  return c10::make_intrusive<TorusP2PWork>(rank_, c10d::OpType::RECVANYSOURCE, "torus:recv_anysource", transport_,
+                                           request, tensor, buffer, timeout_, context.str());
+}
+
+} // namespace torus

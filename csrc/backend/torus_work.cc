@@ -1,0 +1,105 @@
+#include "backend/torus_work.h"
+
+#include <torch/csrc/distributed/c10d/exception.h>
+
+namespace torus {
+
+namespace {
+
+c10::intrusive_ptr<c10::ivalue::Future> makeTensorListFuture() {
+  return c10::make_intrusive<c10::ivalue::Future>(c10::ListType::create(c10::TensorType::get()));
+}
+
+} // namespace
+
+std::exception_ptr asTorchError(std::exception_ptr error, const std::string& context) {
+  try {
+    std::rethrow_exception(error);
+  } catch (const CommError& e) {
+    try {
+      C10_THROW_ERROR(DistBackendError, context + ": " + e.what());
+    } catch (...) {
+      return std::current_exception();
+    }
+  } catch (...) {
+    return std::current_exception();
+  }
+}
+
+TorusWork::TorusWork(int rank, c10d::OpType opType, const char* profilingTitle, std::vector<at::Tensor> outputs,
+                     uint64_t seq, const std::optional<std::vector<at::Tensor>>& inputs)
+    : c10d::Work(rank, opType, profilingTitle, inputs),
+      outputs_(std::move(outputs)),
+      future_(makeTensorListFuture()),
+      seq_(seq) {}
+
+void TorusWork::complete() {
+  future_->markCompleted(c10::IValue(outputs_));
+  finish();
+}
+
+void TorusWork::fail(std::exception_ptr error) {
+  future_->setError(error);
+  finish(error);
+}
+
+TorusP2PWork::TorusP2PWork(int rank, c10d::OpType opType, const char* profilingTitle,
+                           std::shared_ptr<Transport> transport, RequestPtr request, at::Tensor tensor,
+                           at::Tensor buffer, std::chrono::milliseconds timeout, std::string context)
+    : c10d::Work(rank, opType, profilingTitle, std::vector<at::Tensor>{tensor}),
+      transport_(std::move(transport)),
+      request_(std::move(request)),
+      tensor_(std::move(tensor)),
+      buffer_(std::move(buffer)),
+      timeout_(timeout),
+      context_(std::move(context)),
+      future_(makeTensorListFuture()) {}
+
+void TorusP2PWork::settle(std::exception_ptr error) {
+  if (settled_.exchange(true)) {
+    return;
+  }
+  if (error) {
+    future_->setError(error);
+    finish(error);
+    return;
+  }
+  if (!buffer_.is_same(tensor_)) {
+    tensor_.copy_(buffer_);
+  }
+  future_->markCompleted(c10::IValue(std::vector<at::Tensor>{tensor_}));
+  finish();
+}
+
+bool TorusP2PWork::isCompleted() {
+  if (!settled_) {
+    try {
+      if (transport_->test(request_)) {
+        settle(nullptr);
+      }
+    } catch (...) {
+      settle(asTorchError(std::current_exception(), context_));
+    }
+  }
+  return c10d::Work::isCompleted();
+}
+
+bool TorusP2PWork::wait(std::chrono::milliseconds timeout) {
+  if (!settled_) {
+    auto limit = timeout == ::kNoTimeout ? timeout_ : timeout;
+    try {
+      transport_->wait({request_}, Clock::now() + limit);
+      settle(nullptr);
+    } catch (...) {
+      auto error = asTorchError(std::current_exception(), context_);
+      settle(error);
+    }
+  }
+  return c10d::Work::wait(std::chrono::milliseconds(0));
+}
+
+int TorusP2PWork::sourceRank() const {
+  return request_->peer();
+}
+
+} // namespace torus

@@ -1,0 +1,78 @@
+// The Work objects ProcessGroupTorus returns: TorusWork for collectives run on the group's
+// worker thread, TorusP2PWork for sends and receives posted straight to the transport.
+#pragma once
+
+#include <atomic>
+#include <functional>
+#include <memory>
+#include <vector>
+
+#include <ATen/core/ivalue.h>
+#include <torch/csrc/distributed/c10d/Work.hpp>
+
+#include "transport/transport.h"
+
+namespace torus {
+
+// Turns a failure of ours into the exception torch.distributed users catch:
+// CommError (peer death, timeout, mismatch, abort) becomes DistBackendError, prefixed with
+// `context` (the collective, its sequence number and this rank); others keep their type.
+std::exception_ptr asTorchError(std::exception_ptr error, const std::string& context);
+
+class TorusWork : public c10d::Work {
+ public:
+  TorusWork(int rank, c10d::OpType opType, const char* profilingTitle, std::vector<at::Tensor> outputs,
+            uint64_t seq, const std::optional<std::vector<at::Tensor>>& inputs);
+
+  std::vector<at::Tensor> result() override {
+    return outputs_;
+  }
+  c10::intrusive_ptr<c10::ivalue::Future> getFuture() override {
+    return future_;
+  }
+  uint64_t getSequencenumber() const override {
+    return seq_;
+  }
+
+  // Called once by the worker thread.
+  void complete();
+  void fail(std::exception_ptr error);
+
+ private:
+  std::vector<at::Tensor> outputs_;
+  c10::intrusive_ptr<c10::ivalue::Future> future_;
+  const uint64_t seq_;
+};
+
+class TorusP2PWork : public c10d::Work {
+ public:
+  // `buffer` is what the transport reads or writes; for a receive into a non-contiguous tensor
+  // it is a contiguous stand-in copied into `tensor` on completion.
+  TorusP2PWork(int rank, c10d::OpType opType, const char* profilingTitle, std::shared_ptr<Transport> transport,
+               RequestPtr request, at::Tensor tensor, at::Tensor buffer, std::chrono::milliseconds timeout,
+               std::string context);
+
+  bool isCompleted() override;
+  bool wait(std::chrono::milliseconds timeout) override;
+  int sourceRank() const override;
+  std::vector<at::Tensor> result() override {
+    return {tensor_};
+  }
+  c10::intrusive_ptr<c10::ivalue::Future> getFuture() override {
+    return future_;
+  }
+
+ private:
+  void settle(std::exception_ptr error);
+
+  std::shared_ptr<Transport> transport_;
+  RequestPtr request_;
+  at::Tensor tensor_;
+  at::Tensor buffer_;
+  std::chrono::milliseconds timeout_;
+  std::string context_;
+  std::atomic<bool> settled_{false};
+  c10::intrusive_ptr<c10::ivalue::Future> future_;
+};
+
+} // namespace torus

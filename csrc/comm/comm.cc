@@ -1,0 +1,80 @@
+#include "comm/comm.h"
+
+#include <cstdlib>
+#include <new>
+#include <stdexcept>
+
+namespace torus {
+
+Comm::Comm(std::shared_ptr<Transport> transport, std::vector<int> members, int self)
+    : transport_(std::move(transport)), members_(std::move(members)), self_(self) {
+  if (self_ < 0 || self_ >= size()) {
+    throw std::invalid_argument("torus: this process is not a member of the Comm");
+  }
+}
+
+RequestPtr Comm::isend(int peer, const void* buf, size_t nbytes) {
+  return transport_->isend(members_.at(peer), tag_, buf, nbytes);
+}
+
+RequestPtr Comm::irecv(int peer, void* buf, size_t nbytes) {
+  return transport_->irecv(members_.at(peer), tag_, buf, nbytes);
+}
+
+void Comm::wait(const RequestPtr& request) {
+  transport_->wait({request}, deadline_);
+}
+
+void Comm::waitAll(const std::vector<RequestPtr>& requests) {
+  transport_->wait(requests, deadline_);
+}
+
+void Comm::send(int peer, const void* buf, size_t nbytes) {
+  wait(isend(peer, buf, nbytes));
+}
+
+void Comm::recv(int peer, void* buf, size_t nbytes) {
+  wait(irecv(peer, buf, nbytes));
+}
+
+void Comm::sendRecv(int to, const void* sendBuf, size_t sendBytes, int from, void* recvBuf,
+                    size_t recvBytes) {
+  auto received = irecv(from, recvBuf, recvBytes);
+  auto sent = isend(to, sendBuf, sendBytes);
+  waitAll({received, sent});
+}
+
+Comm Comm::subset(const std::vector<int>& ranks) const {
+  std::vector<int> members;
+  int self = -1;
+  for (int rank : ranks) {
+    if (rank == self_) {
+      self = static_cast<int>(members.size());
+    }
+    members.push_back(members_.at(rank));
+  }
+  Comm comm(transport_, std::move(members), self);
+  comm.tag_ = tag_;
+  comm.deadline_ = deadline_;
+  return comm;
+}
+
+Scratch::~Scratch() {
+  std::free(data_);
+}
+
+void* Scratch::get(size_t nbytes) {
+  if (nbytes > capacity_) {
+    std::free(data_);
+    size_t rounded = (nbytes + 63) / 64 * 64;
+    data_ = std::aligned_alloc(64, rounded);
+    if (data_ == nullptr) {
+      capacity_ = 0;
+      throw std::bad_alloc();
+    }
+    capacity_ = rounded;
+  }
+  return data_;
+}
+
+} // namespace torus

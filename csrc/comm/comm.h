@@ -1,0 +1,86 @@
+// Comm: the ranks an algorithm talks to, numbered 0..size()-1 — the whole group, a torus row or
+// a torus column. A view over a Transport: it maps its own ranks to transport ranks and carries
+// the tag and deadline of the collective in progress.
+#pragma once
+
+#include <memory>
+#include <vector>
+
+#include "transport/transport.h"
+
+namespace torus {
+
+class Comm {
+ public:
+  // members[i] is the transport rank of this Comm's rank i; self is this process's index.
+  Comm(std::shared_ptr<Transport> transport, std::vector<int> members, int self);
+
+  int rank() const {
+    return self_;
+  }
+  int size() const {
+    return static_cast<int>(members_.size());
+  }
+  int transportRank(int commRank) const {
+    return members_.at(commRank);
+  }
+
+  // Set by the backend before each collective: messages of one collective share its tag.
+  void setTag(uint64_t tag) {
+    tag_ = tag;
+  }
+  uint64_t tag() const {
+    return tag_;
+  }
+  void setDeadline(Deadline deadline) {
+    deadline_ = deadline;
+  }
+  Deadline deadline() const {
+    return deadline_;
+  }
+
+  RequestPtr isend(int peer, const void* buf, size_t nbytes);
+  RequestPtr irecv(int peer, void* buf, size_t nbytes);
+  void wait(const RequestPtr& request);
+  void waitAll(const std::vector<RequestPtr>& requests);
+
+  void send(int peer, const void* buf, size_t nbytes);
+  void recv(int peer, void* buf, size_t nbytes);
+  // Full duplex: sends to `to` while receiving from `from`.
+  void sendRecv(int to, const void* sendBuf, size_t sendBytes, int from, void* recvBuf,
+                size_t recvBytes);
+
+  // A Comm over a subset of this one's ranks (given as this Comm's ranks, in order); this
+  // process must be among them. Shares the transport, tag and deadline.
+  Comm subset(const std::vector<int>& ranks) const;
+
+ private:
+  std::shared_ptr<Transport> transport_;
+  std::vector<int> members_;
+  int self_;
+  uint64_t tag_ = 0;
+  Deadline deadline_ = Deadline::max();
+};
+
+// Reusable scratch memory owned by the caller (one per process group), so that algorithms do
+// not allocate on every call. Grows to the largest size asked for; 64-byte aligned.
+class Scratch {
+ public:
+  Scratch() = default;
+  Scratch(const Scratch&) = delete;
+  Scratch& operator=(const Scratch&) = delete;
+  ~Scratch();
+  void* get(size_t nbytes);
+
+ private:
+  void* data_ = nullptr;
+  size_t capacity_ = 0;
+};
+
+// How algorithms cut their messages: no message carries more than chunkBytes, so the transfer of
+// one chunk overlaps the reduction of the previous one.
+struct Chunking {
+  size_t chunkBytes = 512 * 1024;
+};
+
+} // namespace torus

@@ -1,0 +1,17 @@
+// How transports find each other: a key-value store shared by the ranks of a group (the
+// backend adapts the c10d::Store that init_process_group hands it).
+#pragma once
+
+#include <string>
+
+namespace torus {
+
+class Rendezvous {
+ public:
+  virtual ~Rendezvous() = default;
+  virtual void set(const std::string& key, const std::string& value) = 0;
+  // Blocks until the key is set (or the store's own timeout throws).
+  virtual std::string get(const std::string& key) = 0;
+};
+
+} // namespace torus

@@ -1,0 +1,67 @@
+"""pytest wiring for the multi-process harness (see harness.py).
+
+* ``backend`` fixture: parametrized over TORUS_TEST_BACKENDS (comma separated, default
+  "torus"); ``TORUS_TEST_BACKENDS=gloo`` runs the very same tests against gloo, to validate
+  the tests themselves.  Per-backend deviations live in ONE table: expectations.py.
+* Pools are session-scoped (harness._POOLS) and torn down at session end.
+* No hang, ever: every case has its own bound inside the harness (TORUS_TEST_TIMEOUT, 60 s
+  default); on top of that each test runs under a hard per-test limit
+  (TORUS_TEST_HARD_LIMIT, 900 s default, 0 = off) enforced with faulthandler: if a test
+  itself ever exceeds it, all thread stacks are dumped and the pytest process exits (the
+  workers then notice their parent is gone and exit too).  If pytest-timeout is installed,
+  ``--timeout`` works as usual as an extra safety net.
+"""
+
+from __future__ import annotations
+
+import faulthandler
+import os
+import sys
+
+import pytest
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+import harness  # noqa: E402
+
+BACKENDS = [b.strip() for b in os.environ.get("TORUS_TEST_BACKENDS", "torus").split(",")
+            if b.strip()]
+HARD_LIMIT = float(os.environ.get("TORUS_TEST_HARD_LIMIT", "900") or 0)
+
+
+def pytest_configure(config):
+    config.addinivalue_line("markers", "harness: tests of the test harness itself")
+
+
+def pytest_report_header(config):
+    return (f"torus harness: backends={BACKENDS} case bound={harness.DEFAULT_TIMEOUT:g}s "
+            f"grace={harness.DEFAULT_GRACE:g}s start-up bound={harness.STARTUP_TIMEOUT:g}s "
+            f"hard per-test limit={HARD_LIMIT:g}s")
+
+
+def pytest_generate_tests(metafunc):
+    if "backend" in metafunc.fixturenames:
+        metafunc.parametrize("backend", BACKENDS)
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_protocol(item, nextitem):
+    if HARD_LIMIT > 0:
+        faulthandler.dump_traceback_later(HARD_LIMIT, exit=True)
+    try:
+        yield
+    finally:
+        if HARD_LIMIT > 0:
+            faulthandler.cancel_dump_traceback_later()
+
+
+def pytest_sessionfinish(session, exitstatus):
+    harness.shutdown_all()
+
+
+def pytest_terminal_summary(terminalreporter, exitstatus, config):
+    s = harness.STATS
+    terminalreporter.write_line(
+        f"torus harness: {s['pools_started']} pools started ({s['workers_started']} worker "
+        f"processes incl. one-off jobs), {s['startup_seconds']:.1f}s in pool start-up, "
+        f"{s['pools_killed_on_failure']} pools killed after a failing case")

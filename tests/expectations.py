@@ -1,0 +1,97 @@
+"""THE table of per-backend deviations from the contract the tests check.
+
+The tests encode what a backend must do (tests/reference.py: results equal a one-process
+reference; invalid (op, dtype) pairs raise an error naming the op).  A backend that cannot
+meet the contract somewhere is listed here, explicitly, with what it does instead:
+
+* an entry with ``observed`` turns that test into an xfail, but only after running it and
+  checking that every problem it reports matches ``observed`` (so a different failure still
+  fails, and a backend that starts passing turns the entry into a failure: "stale entry");
+* an entry with ``skip=True`` is for features that do not apply to that backend at all
+  (e.g. torus-specific options): the test is skipped with the entry's reason.
+
+"torus" has no entry: it must meet the whole contract.  Entries for "gloo" exist so that
+``TORUS_TEST_BACKENDS=gloo`` validates the tests against a known-good implementation.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import fnmatch
+import re
+from typing import FrozenSet, List, Optional
+
+F = frozenset
+FLOATS = F({"float32", "float64", "float16", "bfloat16"})
+NONFLOATS = F({"int8", "int16", "int32", "int64", "uint8", "bool"})
+ALL_COLLECTIVES_BUT_P2P = ("all_reduce*", "reduce*", "broadcast*", "all_gather*", "gather*",
+                           "scatter*", "all_to_all*")
+
+
+@dataclasses.dataclass(frozen=True)
+class Gap:
+    backend: str
+    what: tuple  # fnmatch patterns of test keys ("all_reduce", "all_reduce.noncontig.*", ...)
+    reason: str
+    dtypes: Optional[FrozenSet[str]] = None  # None: any
+    ops: Optional[FrozenSet[str]] = None  # None: any
+    observed: str = ""  # regex each reported problem must match (xfail), unless skip
+    skip: bool = False
+    min_world_size: int = 1
+
+    def applies(self, backend, what, dtype=None, op=None, world_size=None) -> bool:
+        return (backend == self.backend
+                and any(fnmatch.fnmatchcase(what, w) for w in self.what)
+                and (self.dtypes is None or dtype in self.dtypes)
+                and (self.ops is None or op in self.ops)
+                and (self.min_world_size <= 1 or (world_size or 0) >= self.min_world_size))
+
+    def explains(self, problems: List[str]) -> bool:
+        return bool(problems) and all(re.search(self.observed, p, re.S) for p in problems)
+
+    def __str__(self) -> str:
+        return f"[{self.backend}] {self.reason}"
+
+
+GAPS: List[Gap] = [
+    # ---------------------------------------------------------------- gloo (torch 2.13)
+    Gap("gloo", ALL_COLLECTIVES_BUT_P2P, dtypes=F({"int16"}),
+        reason="gloo has no int16 in its collectives",
+        observed=r"Invalid scalar type"),
+    Gap("gloo", ("all_reduce*", "reduce", "reduce_scatter*"), dtypes=FLOATS,
+        ops=F({"PREMUL_SUM"}),
+        reason="gloo does not implement PREMUL_SUM",
+        observed=r"Cannot use ReduceOp\.PREMUL_SUM with Gloo"),
+    Gap("gloo", ("all_reduce*", "reduce", "reduce_scatter*"), dtypes=NONFLOATS,
+        ops=F({"AVG"}),
+        reason="gloo rejects AVG on integer/bool tensors, but its error does not name AVG "
+               "(\"result type Float can't be cast to the desired output type ...\")",
+        observed=r"does not name the op.*can't be cast to the desired output type"),
+    Gap("gloo", ("all_reduce.noncontig.strided", "all_reduce.noncontig.columns",
+                 "all_reduce.noncontig.rows_strided"),
+        reason="gloo's allreduce ignores the strides of a non-dense view: it reduces and "
+               "writes numel() elements from data_ptr() as if contiguous (wrong result)",
+        observed=r"elements wrong|changed outside the view", min_world_size=2),
+    Gap("gloo", ("send_recv.noncontig",),
+        reason="gloo's send/recv require contiguous tensors",
+        observed=r"has to be contiguous"),
+    Gap("gloo", ("torus.*",), skip=True,
+        reason="torch_torus.Options / TORUS_* settings are specific to the torus backend"),
+]
+
+
+def gap(backend: str, what: str, dtype: Optional[str] = None, op: Optional[str] = None,
+        world_size: Optional[int] = None) -> Optional[Gap]:
+    """The table entry for this (backend, test key, dtype, op, world size), if any."""
+    for g in GAPS:
+        if g.applies(backend, what, dtype, op, world_size):
+            return g
+    return None
+
+
+def skip_if_not_applicable(backend: str, what: str) -> None:
+    import pytest
+
+    g = gap(backend, what)
+    if g is not None and g.skip:
+        pytest.skip(str(g))

@@ -1,0 +1,183 @@
+"""Every TORUS_* setting, defined once: name, default, parser and documentation.
+
+Settings are read when a process group is created. A value passed in code
+(``torch_torus.Options(chunk_bytes=...)`` as ``pg_options``) wins over the environment. A bad
+value fails group creation with an error naming the variable, the value and what is allowed.
+The README's settings table is generated from this module (``python -m torch_torus.config``)
+and a test checks that the two agree.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import os
+import re
+import socket
+import struct
+from dataclasses import dataclass
+from typing import Any, Callable, Mapping
+
+ALLREDUCE_ALGORITHMS = ("ring",)
+LOG_LEVELS = ("warn", "info", "debug")
+
+_SIZE_SUFFIXES = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
+
+
+class ConfigError(ValueError):
+    """A TORUS_* setting (or its Options counterpart) has a value we cannot use."""
+
+
+def parse_bytes(text: str) -> int:
+    """'524288', '512K', '1M' -> bytes."""
+    match = re.fullmatch(r"\s*(\d+)\s*([KMG]?)(?:i?B)?\s*", str(text), re.IGNORECASE)
+    if not match:
+        raise ValueError("expected a byte count such as 524288, 512K or 1M")
+    return int(match.group(1)) * _SIZE_SUFFIXES[match.group(2).upper()]
+
+
+def _positive_bytes(text: str) -> int:
+    value = parse_bytes(text)
+    if value <= 0:
+        raise ValueError("must be greater than zero")
+    return value
+
+
+def _one_of(choices: tuple[str, ...]) -> Callable[[str], str]:
+    def parse(text: str) -> str:
+        value = str(text).strip().lower()
+        if value not in choices:
+            raise ValueError("allowed: " + ", ".join(choices))
+        return value
+
+    return parse
+
+
+def _interface_name(text: str) -> str:
+    name = str(text).strip()
+    names = [n for _, n in socket.if_nameindex()]
+    if name and name not in names:
+        raise ValueError("no such network interface here; available: " + ", ".join(names))
+    return name
+
+
+@dataclass(frozen=True)
+class Setting:
+    name: str  # the environment variable
+    default: str
+    parse: Callable[[str], Any]
+    doc: str
+
+    @property
+    def option(self) -> str:
+        """The keyword of torch_torus.Options that overrides this variable."""
+        return self.name[len("TORUS_"):].lower()
+
+
+SETTINGS: tuple[Setting, ...] = (
+    Setting(
+        "TORUS_ALLREDUCE",
+        "ring",
+        _one_of(ALLREDUCE_ALGORITHMS),
+        "AllReduce algorithm: " + ", ".join(ALLREDUCE_ALGORITHMS) + ".",
+    ),
+    Setting(
+        "TORUS_CHUNK_BYTES",
+        "512K",
+        _positive_bytes,
+        "Largest message a pipelined algorithm sends at once (suffixes K, M, G); the transfer of "
+        "one chunk overlaps the reduction of the previous one.",
+    ),
+    Setting(
+        "TORUS_SOCKET_IFNAME",
+        "",
+        _interface_name,
+        "Network interface whose IPv4 address the TCP transport uses; empty: the address that "
+        "routes to MASTER_ADDR, else the host name's address.",
+    ),
+    Setting(
+        "TORUS_LOG_LEVEL",
+        "warn",
+        _one_of(LOG_LEVELS),
+        "warn: errors only; info: one line per group at creation; debug: one line per collective.",
+    ),
+)
+
+_BY_OPTION = {s.option: s for s in SETTINGS}
+
+
+class Options:
+    """Settings given in code, passed as ``pg_options``; they win over TORUS_* variables.
+
+    >>> dist.new_group(backend="torus", pg_options=torch_torus.Options(chunk_bytes="1M"))
+    """
+
+    def __init__(self, **settings: Any) -> None:
+        unknown = sorted(set(settings) - set(_BY_OPTION))
+        if unknown:
+            raise ConfigError(
+                f"torch_torus.Options: unknown setting(s) {', '.join(unknown)}; "
+                f"known: {', '.join(sorted(_BY_OPTION))}"
+            )
+        self.settings = dict(settings)
+
+    def __repr__(self) -> str:
+        return "Options(" + ", ".join(f"{k}={v!r}" for k, v in self.settings.items()) + ")"
+
+
+def resolve(options: Options | None = None, environ: Mapping[str, str] | None = None) -> dict[str, Any]:
+    """The value of every setting for a new group, keyed by option name."""
+    environ = os.environ if environ is None else environ
+    given = options.settings if isinstance(options, Options) else {}
+    values: dict[str, Any] = {}
+    for setting in SETTINGS:
+        if setting.option in given:
+            raw, source = given[setting.option], f"torch_torus.Options({setting.option}=...)"
+        else:
+            raw, source = environ.get(setting.name, setting.default), setting.name
+        try:
+            values[setting.option] = setting.parse(raw)
+        except ValueError as error:
+            raise ConfigError(f"{source}={raw!r} is not valid: {error}") from None
+    return values
+
+
+def _interface_address(name: str) -> str:
+    siocgifaddr = 0x8915
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
+        try:
+            packed = fcntl.ioctl(probe.fileno(), siocgifaddr, struct.pack("256s", name.encode()[:15]))
+        except OSError as error:
+            raise ConfigError(f"TORUS_SOCKET_IFNAME={name!r}: the interface has no IPv4 address ({error})") from None
+    return socket.inet_ntoa(packed[20:24])
+
+
+def local_address(ifname: str, environ: Mapping[str, str] | None = None) -> str:
+    """The IPv4 address this rank listens on and publishes to its peers."""
+    environ = os.environ if environ is None else environ
+    if ifname:
+        return _interface_address(ifname)
+    master = environ.get("MASTER_ADDR")
+    if master:
+        try:
+            with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
+                probe.connect((master, int(environ.get("MASTER_PORT", "29500") or 29500)))
+                return probe.getsockname()[0]
+        except OSError:
+            pass
+    try:
+        return socket.gethostbyname(socket.gethostname())
+    except OSError:
+        return "127.0.0.1"
+
+
+def markdown_table() -> str:
+    """The README's settings table."""
+    rows = ["| Variable | Options keyword | Default | Meaning |", "|---|---|---|---|"]
+    for s in SETTINGS:
+        default = f"`{s.default}`" if s.default else "(empty)"
+        rows.append(f"| `{s.name}` | `{s.option}` | {default} | {s.doc} |")
+    return "\n".join(rows)
+
+
+if __name__ == "__main__":
+    print(markdown_table())
