@@ -1,0 +1,61 @@
+"""Settings: one source of truth, errors that name the variable and value."""
+
+import os
+import re
+
+import pytest
+
+from torch_torus import config
+
+
+def test_readme_settings_table_matches_config():
+    readme = open(os.path.join(os.path.dirname(__file__), "..", "README.md")).read()
+    block = re.search(r"<!-- settings-table.*?-->\n(.*?)<!-- end settings-table -->", readme, re.S)
+    assert block, "README.md lacks the settings-table markers"
+    assert block.group(1).strip() == config.markdown_table().strip()
+
+
+def test_defaults_resolve():
+    values = config.resolve(None, environ={})
+    assert values["allreduce"] == "ring"
+    assert values["chunk_bytes"] == 512 * 1024
+    assert values["log_level"] == "warn"
+    assert values["socket_ifname"] == ""
+
+
+@pytest.mark.parametrize("text, expected", [("524288", 524288), ("512K", 524288), ("1M", 1 << 20),
+                                            ("2g", 2 << 30), ("64KiB", 65536)])
+def test_parse_bytes(text, expected):
+    assert config.parse_bytes(text) == expected
+
+
+@pytest.mark.parametrize("name, value, allowed", [
+    ("TORUS_ALLREDUCE", "bogus", "ring"),
+    ("TORUS_CHUNK_BYTES", "0", "greater than zero"),
+    ("TORUS_CHUNK_BYTES", "lots", "byte count"),
+    ("TORUS_CHUNK_BYTES", "-5", "byte count"),
+    ("TORUS_LOG_LEVEL", "loud", "warn, info, debug"),
+    ("TORUS_SOCKET_IFNAME", "no-such-if0", "no such network interface"),
+])
+def test_bad_environment_value_names_variable_value_and_allowed(name, value, allowed):
+    with pytest.raises(config.ConfigError) as error:
+        config.resolve(None, environ={name: value})
+    message = str(error.value)
+    assert name in message and repr(value) in message and allowed in message
+
+
+def test_options_win_over_environment():
+    values = config.resolve(config.Options(chunk_bytes="1M"), environ={"TORUS_CHUNK_BYTES": "4K"})
+    assert values["chunk_bytes"] == 1 << 20
+
+
+def test_bad_option_names_keyword():
+    with pytest.raises(config.ConfigError, match="chunk_bytes"):
+        config.resolve(config.Options(chunk_bytes="nope"), environ={})
+    with pytest.raises(config.ConfigError, match="unknown setting.*chunk_size"):
+        config.Options(chunk_size=5)
+
+
+def test_interface_address_of_loopback():
+    assert config.local_address("lo") == "127.0.0.1"
+    assert config.local_address("", environ={"MASTER_ADDR": "127.0.0.1"}) == "127.0.0.1"
