@@ -149,9 +149,11 @@ class WorkerContext:
 
     # helpers usable from cases -------------------------------------------------------
     def import_backend(self, backend: Optional[str] = None) -> None:
-        name = BACKEND_MODULES.get(backend or self.backend)
-        if name:
-            importlib.import_module(name)
+        """Import the module that registers a backend ("torus", "cpu:torus", ...)."""
+        for part in (backend or self.backend).split(","):
+            name = BACKEND_MODULES.get(part.split(":")[-1].strip())
+            if name:
+                importlib.import_module(name)
 
     def pg_options(self, **overrides):
         """pg_options for the backend under test (torch_torus.Options), or None."""
@@ -164,8 +166,10 @@ class WorkerContext:
         return torch_torus.Options(**kw)
 
     def init_process_group(self, init: Optional[str] = None, backend: Optional[str] = None,
-                           tag: str = "", **kwargs) -> None:
-        """init_process_group the way this pool's spec says (or ``init``)."""
+                           tag: str = "", port: Optional[int] = None, **kwargs) -> None:
+        """init_process_group the way this pool's spec says (or ``init``): "file" (FileStore
+        at rdv["file"] + tag), "tcp", "env", "store" (TCPStore on ``port``, default
+        rdv["port"]; rdv["ports"] has spare ones for re-initialisation)."""
         import datetime
 
         import torch.distributed as dist
@@ -179,19 +183,20 @@ class WorkerContext:
             if opts is not None:
                 kwargs["pg_options"] = opts
         ws, rank = self.world_size, self.rank
+        port = port or self.rdv["port"]
         if init == "file":
             path = self.rdv["file"] + tag
             dist.init_process_group(backend, init_method="file://" + path, rank=rank,
                                     world_size=ws, **kwargs)
         elif init == "tcp":
-            dist.init_process_group(backend, init_method=f"tcp://127.0.0.1:{self.rdv['port']}",
+            dist.init_process_group(backend, init_method=f"tcp://127.0.0.1:{port}",
                                     rank=rank, world_size=ws, **kwargs)
         elif init == "env":
-            os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(self.rdv["port"]),
+            os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port),
                               RANK=str(rank), WORLD_SIZE=str(ws))
             dist.init_process_group(backend, init_method="env://", **kwargs)
         elif init == "store":
-            store = dist.TCPStore("127.0.0.1", self.rdv["port"], ws, is_master=(rank == 0),
+            store = dist.TCPStore("127.0.0.1", port, ws, is_master=(rank == 0),
                                   timeout=kwargs["timeout"], wait_for_workers=True)
             dist.init_process_group(backend, store=store, rank=rank, world_size=ws, **kwargs)
         else:
@@ -371,7 +376,8 @@ class Pool:
     def start(self) -> "Pool":
         __tracebackhide__ = True
         ctx = mp.get_context("spawn")
-        rdv = {"file": os.path.join(self.dir, "rendezvous"), "port": free_port()}
+        ports = [free_port() for _ in range(4)]
+        rdv = {"file": os.path.join(self.dir, "rendezvous"), "port": ports[0], "ports": ports}
         scratch = os.path.join(self.dir, "scratch")
         os.makedirs(scratch, exist_ok=True)
         t0 = time.monotonic()

@@ -17,7 +17,7 @@ def test_readme_settings_table_matches_config():
 
 def test_defaults_resolve():
     values = config.resolve(None, environ={})
-    assert values["allreduce"] == "ring"
+    assert values["allreduce"] == ()  # auto
     assert values["chunk_bytes"] == 512 * 1024
     assert values["log_level"] == "warn"
     assert values["socket_ifname"] == ""
@@ -30,7 +30,18 @@ def test_parse_bytes(text, expected):
 
 
 @pytest.mark.parametrize("name, value, allowed", [
-    ("TORUS_ALLREDUCE", "bogus", "ring"),
+    ("TORUS_ALLREDUCE", "bogus", "auto, ring, torus, direct, recursive_doubling, rabenseifner"),
+    ("TORUS_ALLREDUCE", "ring:0-100;direct:50-max", "overlap"),
+    ("TORUS_ALLREDUCE", "ring:100-5", "reversed"),
+    ("TORUS_ALLREDUCE", "ring:0-lots", "byte counts"),
+    ("TORUS_ALLREDUCE", "ring:0-100;warp:101-max", "unknown algorithm 'warp'"),
+    ("TORUS_ALLREDUCE", "ring 0-100", "unknown algorithm"),
+    ("TORUS_ALLGATHER", "torus", "auto, ring, direct"),
+    ("TORUS_REDUCE_SCATTER", "rabenseifner", "auto, ring, direct"),
+    ("TORUS_BROADCAST", "ring", "auto, binomial, chain"),
+    ("TORUS_TORUS_DIMS", "4by2", "<rows>x<columns>"),
+    ("TORUS_TORUS_DIMS", "0x8", "at least 1"),
+    ("TORUS_TORUS_INNER", "torus", "ring, direct, recursive_doubling, rabenseifner"),
     ("TORUS_CHUNK_BYTES", "0", "greater than zero"),
     ("TORUS_CHUNK_BYTES", "lots", "byte count"),
     ("TORUS_CHUNK_BYTES", "-5", "byte count"),

@@ -7,13 +7,17 @@
 
 from __future__ import annotations
 
+import sys
+
 import torch
 import torch.distributed as dist
 
 from . import _C
 from .config import SETTINGS, ConfigError, Options, local_address, resolve
+from .selection import describe, resolve_tables
+from .topology import choose_grid, exchange_host_ids, host_identity
 
-__all__ = ["Options", "ConfigError", "SETTINGS", "BACKEND_NAME"]
+__all__ = ["Options", "ConfigError", "SETTINGS", "BACKEND_NAME", "algorithm_for"]
 
 BACKEND_NAME = "torus"
 _LOG_LEVELS = {"warn": 0, "info": 1, "debug": 2}
@@ -21,19 +25,39 @@ _LOG_LEVELS = {"warn": 0, "info": 1, "debug": 2}
 
 def _create_backend(dist_options, pg_options) -> _C.ProcessGroupTorus:
     values = resolve(pg_options)
+    rank, size, store = dist_options.group_rank, dist_options.group_size, dist_options.store
+    hosts = exchange_host_ids(store, rank, size, values["host_id"] or host_identity())
+    grid = choose_grid(size, hosts, values["torus_dims"])
+    tables = resolve_tables(values, size, grid)
     config = _C.TorusConfig()
     config.address = local_address(values["socket_ifname"])
     config.chunk_bytes = values["chunk_bytes"]
-    config.allreduce = values["allreduce"]
+    config.algorithms = {c: [_C.AlgorithmRule(r.algorithm, r.lo, r.hi) for r in rules] for c, rules in tables.items()}
+    config.torus_rows = [list(row) for row in grid.rows] if grid else []
+    config.torus_inner = values["torus_inner"]
     config.log_level = _LOG_LEVELS[values["log_level"]]
-    return _C.ProcessGroupTorus(
-        dist_options.store,
-        dist_options.group_rank,
-        dist_options.group_size,
-        dist_options.timeout,
-        config,
-        dist_options.group_id or "",
-    )
+    name = dist_options.group_id or ""
+    if config.log_level >= 1 and rank == 0:
+        layout = f"torus grid {grid}" if grid else f"no torus grid for {size} ranks: torus runs as ring"
+        print(f"[torus rank 0] group '{name}': {size} ranks on {len(set(hosts))} host(s), {layout}; "
+              f"algorithms {describe(tables)}", file=sys.stderr, flush=True)
+    return _C.ProcessGroupTorus(store, rank, size, dist_options.timeout, config, name)
+
+
+def algorithm_for(collective: str, nbytes: int, group: dist.ProcessGroup | None = None) -> str:
+    """The algorithm `group` (default: the world) runs `collective` with for `nbytes` bytes.
+
+    collective: "allreduce", "allgather", "reduce_scatter" or "broadcast"; nbytes counts the
+    call's largest buffer, as nccl-tests do (allgather: the output, reduce_scatter: the input).
+    """
+    group = group if group is not None else dist.group.WORLD
+    if group is None:
+        raise RuntimeError("torch_torus.algorithm_for: no process group; call init_process_group first")
+    backend = group._get_backend(torch.device("cpu"))
+    if not isinstance(backend, _C.ProcessGroupTorus):
+        raise ValueError(f"torch_torus.algorithm_for: the group's CPU backend is {type(backend).__name__}, "
+                         "not torus")
+    return backend.algorithm_for(collective, nbytes)
 
 
 # CUDA is listed so that CUDA tensors reach the backend and get its clear "not supported yet"

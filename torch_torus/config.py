@@ -17,8 +17,17 @@ import struct
 from dataclasses import dataclass
 from typing import Any, Callable, Mapping
 
-ALLREDUCE_ALGORITHMS = ("ring",)
+# Algorithms per collective, as TORUS_<COLLECTIVE> names them; "auto" (the default) lets the
+# group choose per call: a cost model for allreduce, fixed size thresholds for the others.
+ALGORITHMS: dict[str, tuple[str, ...]] = {
+    "allreduce": ("ring", "torus", "direct", "recursive_doubling", "rabenseifner"),
+    "allgather": ("ring", "direct"),
+    "reduce_scatter": ("ring", "direct"),
+    "broadcast": ("binomial", "chain"),
+}
+TORUS_INNER_ALGORITHMS = ("ring", "direct", "recursive_doubling", "rabenseifner")
 LOG_LEVELS = ("warn", "info", "debug")
+MAX_BYTES = (1 << 64) - 1  # "max" in a rule: no upper bound
 
 _SIZE_SUFFIXES = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
 
@@ -61,6 +70,83 @@ def _interface_name(text: str) -> str:
 
 
 @dataclass(frozen=True)
+class Rule:
+    """Use `algorithm` for messages of lo..hi bytes (inclusive), as in oneCCL's CCL_ALLREDUCE."""
+
+    algorithm: str
+    lo: int
+    hi: int
+
+    def __str__(self) -> str:
+        return f"{self.algorithm}:{self.lo}-{'max' if self.hi == MAX_BYTES else self.hi}"
+
+
+def _size_bound(text: str, allow_max: bool) -> int:
+    text = text.strip()
+    if allow_max and text.lower() == "max":
+        return MAX_BYTES
+    return parse_bytes(text)
+
+
+def parse_rules(text: str, collective: str) -> tuple[Rule, ...]:
+    """'ring' | 'auto' | '<name>:<lo>-<hi>;<name>:<lo>-max' -> rules sorted by lo.
+
+    "auto" (alone) gives no rules: every size uses the group's automatic choice, as do sizes
+    that the rules leave uncovered.
+    """
+    allowed = ALGORITHMS[collective]
+    choices = "auto, " + ", ".join(allowed)
+    text = str(text).strip()
+    if text.lower() == "auto":
+        return ()
+    if ":" not in text and ";" not in text:
+        name = text.lower()
+        if name not in allowed:
+            raise ValueError(f"unknown algorithm {name!r}; allowed: {choices}, or "
+                             f"size rules such as '{allowed[0]}:0-8192;{allowed[-1]}:8193-max'")
+        return (Rule(name, 0, MAX_BYTES),)
+    rules = []
+    for block in filter(None, (b.strip() for b in text.split(";"))):
+        match = re.fullmatch(r"([A-Za-z_]+)\s*:\s*([^-\s]+)\s*-\s*(\S+)", block)
+        if not match:
+            raise ValueError(f"rule {block!r} is not of the form <algorithm>:<lo>-<hi> "
+                             "(bytes; hi may be 'max')")
+        name = match.group(1).lower()
+        if name not in allowed and name != "auto":
+            raise ValueError(f"rule {block!r}: unknown algorithm {name!r}; allowed: {choices}")
+        try:
+            lo, hi = _size_bound(match.group(2), False), _size_bound(match.group(3), True)
+        except ValueError:
+            raise ValueError(f"rule {block!r}: sizes must be byte counts (suffixes K, M, G) "
+                             "or 'max' for the upper bound") from None
+        if lo > hi:
+            raise ValueError(f"rule {block!r}: the range is reversed ({lo} > {hi})")
+        rules.append(Rule(name, lo, hi))
+    if not rules:
+        raise ValueError("no rules given")
+    rules.sort(key=lambda r: r.lo)
+    for before, after in zip(rules, rules[1:]):
+        if after.lo <= before.hi:
+            raise ValueError(f"rules {before} and {after} overlap")
+    return tuple(r for r in rules if r.algorithm != "auto")
+
+
+def _rules_for(collective: str) -> Callable[[str], tuple[Rule, ...]]:
+    return lambda text: parse_rules(text, collective)
+
+
+def parse_dims(text: str) -> tuple[int, int] | None:
+    """'' -> None (automatic); 'RxC' -> (R, C)."""
+    text = str(text).strip().lower()
+    if not text:
+        return None
+    match = re.fullmatch(r"(\d+)\s*x\s*(\d+)", text)
+    if not match or int(match.group(1)) < 1 or int(match.group(2)) < 1:
+        raise ValueError("expected <rows>x<columns> with both at least 1, e.g. 8x4")
+    return int(match.group(1)), int(match.group(2))
+
+
+@dataclass(frozen=True)
 class Setting:
     name: str  # the environment variable
     default: str
@@ -74,11 +160,36 @@ class Setting:
 
 
 SETTINGS: tuple[Setting, ...] = (
+    *(
+        Setting(
+            f"TORUS_{collective.upper()}",
+            "auto",
+            _rules_for(collective),
+            f"{collective} algorithm: auto, " + ", ".join(names) + ", or size rules "
+            f"`<algorithm>:<lo>-<hi>;...` in bytes (`max`: no bound); uncovered sizes use auto.",
+        )
+        for collective, names in ALGORITHMS.items()
+    ),
     Setting(
-        "TORUS_ALLREDUCE",
+        "TORUS_TORUS_DIMS",
+        "",
+        parse_dims,
+        "Torus grid `<rows>x<columns>` (rows x columns = world size); empty: one row per host "
+        "when every host has the same number (>1) of ranks and there are several hosts, else the "
+        "most square factorization.",
+    ),
+    Setting(
+        "TORUS_TORUS_INNER",
         "ring",
-        _one_of(ALLREDUCE_ALGORITHMS),
-        "AllReduce algorithm: " + ", ".join(ALLREDUCE_ALGORITHMS) + ".",
+        _one_of(TORUS_INNER_ALGORITHMS),
+        "Allreduce algorithm of the torus's column phase: " + ", ".join(TORUS_INNER_ALGORITHMS) + ".",
+    ),
+    Setting(
+        "TORUS_HOST_ID",
+        "",
+        str,
+        "Identity of this rank's host; ranks with the same identity share a host. Empty: host "
+        "name, boot id and network namespace together.",
     ),
     Setting(
         "TORUS_CHUNK_BYTES",

@@ -2,18 +2,20 @@
 
 #include <numeric>
 #include <sstream>
+#include <utility>
 
 #include <torch/csrc/distributed/c10d/exception.h>
 
 #include "backend/log.h"
 #include "collectives/alltoallv_pairwise.h"
 #include "collectives/barrier_dissemination.h"
-#include "collectives/blocks.h"
 #include "collectives/broadcast_binomial.h"
+#include "collectives/broadcast_chain.h"
+#include "collectives/direct_allgather.h"
+#include "collectives/direct_reduce_scatter.h"
 #include "collectives/gather_direct.h"
 #include "collectives/reduce_binomial.h"
 #include "collectives/ring_allgather.h"
-#include "collectives/ring_allreduce.h"
 #include "collectives/ring_reduce_scatter.h"
 #include "collectives/scatter_direct.h"
 #include "transport/tcp/tcp_transport.h"
@@ -180,13 +182,88 @@ const char* reduceOpName(c10d::ReduceOp::RedOpType op) {
   }
 }
 
+constexpr std::pair<Algorithm, const char*> kAlgorithmNames[] = {
+    {Algorithm::kRing, "ring"},
+    {Algorithm::kTorus, "torus"},
+    {Algorithm::kDirect, "direct"},
+    {Algorithm::kRecursiveDoubling, "recursive_doubling"},
+    {Algorithm::kRabenseifner, "rabenseifner"},
+    {Algorithm::kBinomial, "binomial"},
+    {Algorithm::kChain, "chain"},
+};
+
+// What each collective can run, its fallback first.
+const std::map<std::string, std::vector<Algorithm>>& algorithmsByCollective() {
+  static const std::map<std::string, std::vector<Algorithm>> table = {
+      {"allreduce",
+       {Algorithm::kRing, Algorithm::kTorus, Algorithm::kDirect, Algorithm::kRecursiveDoubling,
+        Algorithm::kRabenseifner}},
+      {"allgather", {Algorithm::kRing, Algorithm::kDirect}},
+      {"reduce_scatter", {Algorithm::kRing, Algorithm::kDirect}},
+      {"broadcast", {Algorithm::kBinomial, Algorithm::kChain}},
+  };
+  return table;
+}
+
+Algorithm parseAlgorithm(const std::string& collective, const std::string& name) {
+  const auto& allowed = algorithmsByCollective().at(collective);
+  for (const auto& entry : kAlgorithmNames) {
+    if (name == entry.second && std::find(allowed.begin(), allowed.end(), entry.first) != allowed.end()) {
+      return entry.first;
+    }
+  }
+  TORCH_CHECK_VALUE(false, "torus: ", collective, " has no algorithm named '", name, "'");
+}
+
+AllreduceFn allreduceFunction(Algorithm algorithm) {
+  switch (algorithm) {
+    case Algorithm::kDirect:
+      return direct_allreduce;
+    case Algorithm::kRecursiveDoubling:
+      return recursive_doubling_allreduce;
+    case Algorithm::kRabenseifner:
+      return rabenseifner_allreduce;
+    default:
+      return ring_allreduce;
+  }
+}
+
 } // namespace
+
+const char* algorithmName(Algorithm algorithm) {
+  for (const auto& entry : kAlgorithmNames) {
+    if (entry.first == algorithm) {
+      return entry.second;
+    }
+  }
+  return "unknown";
+}
 
 ProcessGroupTorus::ProcessGroupTorus(const c10::intrusive_ptr<c10d::Store>& store, int rank, int size,
                                      std::chrono::milliseconds timeout, TorusConfig config, std::string groupName)
     : c10d::Backend(rank, size), config_(std::move(config)), groupName_(std::move(groupName)), timeout_(timeout) {
   TORCH_CHECK_VALUE(config_.chunkBytes > 0, "torus: chunk size must be positive, got ", config_.chunkBytes);
   chunking_.chunkBytes = static_cast<size_t>(config_.chunkBytes);
+  for (const auto& entry : config_.algorithms) {
+    TORCH_CHECK_VALUE(algorithmsByCollective().count(entry.first), "torus: unknown collective '", entry.first,
+                      "' in the algorithm table");
+    for (const auto& rule : entry.second) {
+      TORCH_CHECK_VALUE(rule.lo <= rule.hi, "torus: ", entry.first, " rule ", rule.algorithm, ":", rule.lo, "-",
+                        rule.hi, " is reversed");
+      selection_[entry.first].push_back({rule.lo, rule.hi, parseAlgorithm(entry.first, rule.algorithm)});
+    }
+  }
+  if (!config_.torusRows.empty()) {
+    size_t members = 0;
+    for (const auto& row : config_.torusRows) {
+      TORCH_CHECK_VALUE(row.size() == config_.torusRows[0].size(), "torus: torus grid rows differ in length");
+      members += row.size();
+    }
+    TORCH_CHECK_VALUE(members == static_cast<size_t>(size), "torus: torus grid has ", members, " ranks, the group ",
+                      size);
+    grid_.rows = config_.torusRows;
+  }
+  torusInner_ = allreduceFunction(parseAlgorithm("allreduce", config_.torusInner));
   StoreRendezvous rendezvous(store);
   TcpOptions tcp;
   tcp.address = config_.address;
@@ -200,10 +277,10 @@ ProcessGroupTorus::ProcessGroupTorus(const c10::intrusive_ptr<c10d::Store>& stor
   std::iota(members.begin(), members.end(), 0);
   comm_ = std::make_unique<Comm>(transport_, std::move(members), rank);
   worker_ = std::thread(&ProcessGroupTorus::runWorker, this);
-  if (config_.logLevel >= 1) {
+  if (config_.logLevel >= 1 && rank == 0) {
     std::ostringstream line;
     line << "group '" << groupName_ << "' ready: " << size << " ranks over tcp (" << config_.address
-         << "), allreduce " << config_.allreduce << ", chunk " << config_.chunkBytes << " bytes";
+         << "), chunk " << config_.chunkBytes << " bytes";
     logLine(rank, line.str());
   }
 }
@@ -215,6 +292,60 @@ ProcessGroupTorus::~ProcessGroupTorus() {
 uint64_t ProcessGroupTorus::getSequenceNumberForGroup() {
   std::lock_guard<std::mutex> lock(mutex_);
   return issued_;
+}
+
+Algorithm ProcessGroupTorus::algorithmFor(const std::string& collective, uint64_t nbytes) const {
+  auto known = algorithmsByCollective().find(collective);
+  TORCH_CHECK_VALUE(known != algorithmsByCollective().end(), "torus: unknown collective '", collective,
+                    "'; known: allreduce, allgather, reduce_scatter, broadcast");
+  auto rules = selection_.find(collective);
+  if (rules != selection_.end()) {
+    for (const auto& rule : rules->second) {
+      if (nbytes >= rule.lo && nbytes <= rule.hi) {
+        // A torus needs a grid; a world without one (a prime size) runs the ring instead.
+        return rule.algorithm == Algorithm::kTorus && grid_.rows.empty() ? Algorithm::kRing : rule.algorithm;
+      }
+    }
+  }
+  return known->second.front();
+}
+
+const char* ProcessGroupTorus::titleOf(const char* collective, Algorithm algorithm) {
+  static std::mutex mutex;
+  static std::map<std::pair<std::string, Algorithm>, std::string> titles;
+  std::lock_guard<std::mutex> lock(mutex);
+  auto& title = titles[{collective, algorithm}];
+  if (title.empty()) {
+    title = std::string(collective) + ":" + algorithmName(algorithm);
+  }
+  return title.c_str();
+}
+
+void ProcessGroupTorus::runAllreduce(Algorithm algorithm, Comm& comm, void* buf, size_t count,
+                                     const Reducer& reducer) {
+  if (algorithm == Algorithm::kTorus) {
+    torus_allreduce(comm, buf, count, reducer, grid_, torusInner_, chunking_, scratch_);
+  } else {
+    allreduceFunction(algorithm)(comm, buf, count, reducer, chunking_, scratch_);
+  }
+}
+
+void ProcessGroupTorus::runAllgather(Algorithm algorithm, Comm& comm, void* buf, const Blocks& blocks,
+                                     size_t elementSize) {
+  if (algorithm == Algorithm::kDirect) {
+    direct_allgather(comm, buf, blocks, elementSize, chunking_);
+  } else {
+    ring_allgather(comm, buf, blocks, elementSize, chunking_);
+  }
+}
+
+void ProcessGroupTorus::runReduceScatter(Algorithm algorithm, Comm& comm, void* buf, const Blocks& blocks,
+                                         const Reducer& reducer) {
+  if (algorithm == Algorithm::kDirect) {
+    direct_reduce_scatter(comm, buf, blocks, reducer, chunking_, scratch_);
+  } else {
+    ring_reduce_scatter(comm, buf, blocks, reducer, chunking_, scratch_);
+  }
 }
 
 std::chrono::milliseconds ProcessGroupTorus::timeoutOf(std::chrono::milliseconds requested) const {
@@ -376,12 +507,13 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupTorus::allreduce(std::vector<at::Tens
   at::Tensor tensor = tensors[0];
   checkTensor(tensor, "allreduce tensor");
   auto reduction = reductionFor(opts.reduceOp, tensor.scalar_type(), "allreduce");
-  return enqueue(c10d::OpType::ALLREDUCE, "torus:all_reduce", {tensor}, {tensor}, opts.timeout,
-                 [this, tensor, reduction](Comm& comm) mutable {
+  const Algorithm algorithm = algorithmFor("allreduce", bytesOf(tensor));
+  return enqueue(c10d::OpType::ALLREDUCE, titleOf("torus:all_reduce", algorithm), {tensor}, {tensor}, opts.timeout,
+                 [this, tensor, reduction, algorithm](Comm& comm) mutable {
                    at::Tensor buffer = contiguousBuffer(tensor);
                    applyPreScale(reduction, buffer);
-                   ring_allreduce(comm, buffer.data_ptr(), static_cast<size_t>(buffer.numel()), reduction.reducer,
-                                  chunking_, scratch_);
+                   runAllreduce(algorithm, comm, buffer.data_ptr(), static_cast<size_t>(buffer.numel()),
+                                reduction.reducer);
                    applyAverage(reduction, buffer);
                    writeBack(tensor, buffer);
                  });
@@ -396,16 +528,21 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupTorus::allreduce_coalesced(std::vecto
                       " has dtype ", tensors[i].scalar_type(), " but tensor 0 has ", tensors[0].scalar_type());
   }
   auto reduction = reductionFor(opts.reduceOp, tensors[0].scalar_type(), "allreduce_coalesced");
-  return enqueue(c10d::OpType::ALLREDUCE_COALESCED, "torus:all_reduce_coalesced", tensors, tensors, opts.timeout,
-                 [this, tensors, reduction](Comm& comm) mutable {
+  size_t totalBytes = 0;
+  for (const auto& t : tensors) {
+    totalBytes += bytesOf(t);
+  }
+  const Algorithm algorithm = algorithmFor("allreduce", totalBytes);
+  return enqueue(c10d::OpType::ALLREDUCE_COALESCED, titleOf("torus:all_reduce_coalesced", algorithm), tensors, tensors,
+                 opts.timeout, [this, tensors, reduction, algorithm](Comm& comm) mutable {
                    std::vector<at::Tensor> flat;
                    for (const auto& t : tensors) {
                      flat.push_back(t.reshape({-1}));
                    }
                    at::Tensor buffer = at::cat(flat);
                    applyPreScale(reduction, buffer);
-                   ring_allreduce(comm, buffer.data_ptr(), static_cast<size_t>(buffer.numel()), reduction.reducer,
-                                  chunking_, scratch_);
+                   runAllreduce(algorithm, comm, buffer.data_ptr(), static_cast<size_t>(buffer.numel()),
+                                reduction.reducer);
                    applyAverage(reduction, buffer);
                    int64_t offset = 0;
                    for (auto& t : tensors) {
@@ -422,10 +559,15 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupTorus::broadcast(std::vector<at::Tens
   at::Tensor tensor = tensors[0];
   checkTensor(tensor, "broadcast tensor");
   int root = static_cast<int>(opts.rootRank);
-  return enqueue(c10d::OpType::BROADCAST, "torus:broadcast", {tensor}, {tensor}, opts.timeout,
-                 [this, tensor, root](Comm& comm) mutable {
+  const Algorithm algorithm = algorithmFor("broadcast", bytesOf(tensor));
+  return enqueue(c10d::OpType::BROADCAST, titleOf("torus:broadcast", algorithm), {tensor}, {tensor}, opts.timeout,
+                 [this, tensor, root, algorithm](Comm& comm) mutable {
                    at::Tensor buffer = contiguousBuffer(tensor);
-                   broadcast_binomial(comm, buffer.data_ptr(), bytesOf(buffer), root, chunking_);
+                   if (algorithm == Algorithm::kChain) {
+                     broadcast_chain(comm, buffer.data_ptr(), bytesOf(buffer), root, chunking_);
+                   } else {
+                     broadcast_binomial(comm, buffer.data_ptr(), bytesOf(buffer), root, chunking_);
+                   }
                    writeBack(tensor, buffer);
                  });
 }
@@ -465,15 +607,16 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupTorus::allgather(std::vector<std::vec
   for (size_t i = 0; i < outputList.size(); ++i) {
     checkSameKind(outputList[i], input, "allgather output tensor " + std::to_string(i), "the input tensor");
   }
-  return enqueue(c10d::OpType::ALLGATHER, "torus:all_gather", outputList, {input}, opts.timeout,
-                 [this, input, outputList](Comm& comm) mutable {
+  const Algorithm algorithm = algorithmFor("allgather", bytesOf(input) * size_);
+  return enqueue(c10d::OpType::ALLGATHER, titleOf("torus:all_gather", algorithm), outputList, {input}, opts.timeout,
+                 [this, input, outputList, algorithm](Comm& comm) mutable {
                    const size_t count = static_cast<size_t>(input.numel());
                    at::Tensor gathered = at::empty({static_cast<int64_t>(count) * size_}, input.options());
                    gathered.narrow(0, static_cast<int64_t>(count) * rank_, static_cast<int64_t>(count))
                        .copy_(input.reshape({-1}));
-                   ring_allgather(comm, gathered.data_ptr(),
-                                  blocksOfCounts(std::vector<size_t>(static_cast<size_t>(size_), count)),
-                                  gathered.element_size(), chunking_);
+                   runAllgather(algorithm, comm, gathered.data_ptr(),
+                                blocksOfCounts(std::vector<size_t>(static_cast<size_t>(size_), count)),
+                                gathered.element_size());
                    for (int i = 0; i < size_; ++i) {
                      outputList[i].copy_(gathered.narrow(0, static_cast<int64_t>(count) * i, static_cast<int64_t>(count))
                                              .view(outputList[i].sizes()));
@@ -490,37 +633,32 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupTorus::_allgather_base(at::Tensor& ou
   TORCH_CHECK_VALUE(output.numel() == input.numel() * size_, "torus: all_gather_into_tensor output has ",
                     output.numel(), " elements; it needs world size (", size_, ") x input elements (", input.numel(),
                     ")");
-  return enqueue(c10d::OpType::_ALLGATHER_BASE, "torus:all_gather_into_tensor", {output}, {input}, opts.timeout,
-                 [this, input, output](Comm& comm) mutable {
+  const Algorithm algorithm = algorithmFor("allgather", bytesOf(output));
+  return enqueue(c10d::OpType::_ALLGATHER_BASE, titleOf("torus:all_gather_into_tensor", algorithm), {output}, {input},
+                 opts.timeout, [this, input, output, algorithm](Comm& comm) mutable {
                    const size_t count = static_cast<size_t>(input.numel());
                    at::Tensor buffer = output.is_contiguous() ? output : at::empty({output.numel()}, output.options());
                    buffer.view({-1})
                        .narrow(0, static_cast<int64_t>(count) * rank_, static_cast<int64_t>(count))
                        .copy_(input.reshape({-1}));
-                   ring_allgather(comm, buffer.data_ptr(),
-                                  blocksOfCounts(std::vector<size_t>(static_cast<size_t>(size_), count)),
-                                  buffer.element_size(), chunking_);
+                   runAllgather(algorithm, comm, buffer.data_ptr(),
+                                blocksOfCounts(std::vector<size_t>(static_cast<size_t>(size_), count)),
+                                buffer.element_size());
                    writeBack(output, buffer);
                  });
 }
 
-namespace {
-
-// Allgather of byte blocks: every rank contributes `mine` (the same length on every rank);
-// returns world-size blocks back to back.
-at::Tensor allgatherBytes(Comm& comm, const at::Tensor& mine, const Chunking& chunking) {
+at::Tensor ProcessGroupTorus::allgatherBytes(Comm& comm, const at::Tensor& mine) {
   const size_t blockBytes = static_cast<size_t>(mine.numel());
   const int n = comm.size();
   at::Tensor gathered = at::empty({static_cast<int64_t>(blockBytes) * n}, at::kByte);
   if (blockBytes > 0) {
     std::memcpy(static_cast<char*>(gathered.data_ptr()) + blockBytes * comm.rank(), mine.data_ptr(), blockBytes);
   }
-  ring_allgather(comm, gathered.data_ptr(), blocksOfCounts(std::vector<size_t>(static_cast<size_t>(n), blockBytes)),
-                 1, chunking);
+  runAllgather(algorithmFor("allgather", blockBytes * n), comm, gathered.data_ptr(),
+               blocksOfCounts(std::vector<size_t>(static_cast<size_t>(n), blockBytes)), 1);
   return gathered;
 }
-
-} // namespace
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupTorus::allgather_coalesced(std::vector<std::vector<at::Tensor>>& outputLists,
                                                                       std::vector<at::Tensor>& inputs,
@@ -542,7 +680,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupTorus::allgather_coalesced(std::vecto
   }
   return enqueue(c10d::OpType::ALLGATHER_COALESCED, "torus:all_gather_coalesced", flatOutputs, inputs, opts.timeout,
                  [this, inputs, outputLists](Comm& comm) mutable {
-                   at::Tensor gathered = allgatherBytes(comm, packBytes(inputs), chunking_);
+                   at::Tensor gathered = allgatherBytes(comm, packBytes(inputs));
                    const int64_t blockBytes = gathered.numel() / size_;
                    for (int i = 0; i < size_; ++i) {
                      int64_t offset = blockBytes * i;
@@ -570,7 +708,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupTorus::allgather_into_tensor_coalesce
   }
   return enqueue(c10d::OpType::COALESCED, "torus:all_gather_into_tensor_coalesced", outputs, inputs, opts.timeout,
                  [this, inputs, outputs](Comm& comm) mutable {
-                   at::Tensor gathered = allgatherBytes(comm, packBytes(inputs), chunking_);
+                   at::Tensor gathered = allgatherBytes(comm, packBytes(inputs));
                    const int64_t blockBytes = gathered.numel() / size_;
                    int64_t offset = 0;
                    for (size_t j = 0; j < inputs.size(); ++j) {
@@ -669,8 +807,13 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupTorus::reduce_scatter(std::vector<at:
   TORCH_CHECK_VALUE(inputList[rank_].numel() == output.numel(), "torus: reduce_scatter input tensor ", rank_, " has ",
                     inputList[rank_].numel(), " elements but the output has ", output.numel());
   auto reduction = reductionFor(opts.reduceOp, output.scalar_type(), "reduce_scatter");
-  return enqueue(c10d::OpType::REDUCE_SCATTER, "torus:reduce_scatter", {output}, inputList, opts.timeout,
-                 [this, output, inputList, reduction](Comm& comm) mutable {
+  size_t inputBytes = 0;
+  for (const auto& t : inputList) {
+    inputBytes += bytesOf(t);
+  }
+  const Algorithm algorithm = algorithmFor("reduce_scatter", inputBytes);
+  return enqueue(c10d::OpType::REDUCE_SCATTER, titleOf("torus:reduce_scatter", algorithm), {output}, inputList,
+                 opts.timeout, [this, output, inputList, reduction, algorithm](Comm& comm) mutable {
                    std::vector<at::Tensor> flat;
                    std::vector<size_t> counts;
                    for (const auto& t : inputList) {
@@ -680,7 +823,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupTorus::reduce_scatter(std::vector<at:
                    at::Tensor buffer = at::cat(flat);
                    applyPreScale(reduction, buffer);
                    Blocks blocks = blocksOfCounts(counts);
-                   ring_reduce_scatter(comm, buffer.data_ptr(), blocks, reduction.reducer, chunking_, scratch_);
+                   runReduceScatter(algorithm, comm, buffer.data_ptr(), blocks, reduction.reducer);
                    at::Tensor mine = buffer.narrow(0, static_cast<int64_t>(blocks.offsets[rank_]),
                                                    static_cast<int64_t>(blocks.counts[rank_]));
                    applyAverage(reduction, mine);
@@ -710,23 +853,25 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupTorus::_reduce_scatter_base(at::Tenso
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupTorus::reduce_scatter_tensor_coalesced(
     std::vector<at::Tensor>& outputs, std::vector<at::Tensor>& inputs, const c10d::ReduceScatterOptions& opts) {
-  TORCH_CHECK_VALUE(outputs.size() == inputs.size(), "torus: reduce_scatter_tensor has ", outputs.size(),
-                    " outputs but ", inputs.size(), " inputs");
+  TORCH_CHECK_VALUE(!inputs.empty() && outputs.size() == inputs.size(), "torus: reduce_scatter_tensor has ",
+                    outputs.size(), " outputs and ", inputs.size(), " inputs; it needs as many of each, at least one");
   std::vector<Reduction> reductions;
+  std::vector<Algorithm> algorithms;
   for (size_t j = 0; j < inputs.size(); ++j) {
     checkReduceScatterTensor(outputs[j], inputs[j], size_,
                              inputs.size() == 1 ? "reduce_scatter_tensor" : "reduce_scatter_tensor " + std::to_string(j));
     reductions.push_back(reductionFor(opts.reduceOp, inputs[j].scalar_type(), "reduce_scatter_tensor"));
+    algorithms.push_back(algorithmFor("reduce_scatter", bytesOf(inputs[j])));
   }
-  return enqueue(c10d::OpType::_REDUCE_SCATTER_BASE, "torus:reduce_scatter_tensor", outputs, inputs, opts.timeout,
-                 [this, outputs, inputs, reductions](Comm& comm) mutable {
+  return enqueue(c10d::OpType::_REDUCE_SCATTER_BASE, titleOf("torus:reduce_scatter_tensor", algorithms[0]), outputs,
+                 inputs, opts.timeout, [this, outputs, inputs, reductions, algorithms](Comm& comm) mutable {
                    for (size_t j = 0; j < inputs.size(); ++j) {
                      at::Tensor buffer = inputs[j].reshape({-1}).clone(at::MemoryFormat::Contiguous);
                      applyPreScale(reductions[j], buffer);
                      const auto count = static_cast<size_t>(outputs[j].numel());
-                     ring_reduce_scatter(comm, buffer.data_ptr(),
-                                         blocksOfCounts(std::vector<size_t>(static_cast<size_t>(size_), count)),
-                                         reductions[j].reducer, chunking_, scratch_);
+                     runReduceScatter(algorithms[j], comm, buffer.data_ptr(),
+                                      blocksOfCounts(std::vector<size_t>(static_cast<size_t>(size_), count)),
+                                      reductions[j].reducer);
                      at::Tensor mine = buffer.narrow(0, static_cast<int64_t>(count) * rank_, static_cast<int64_t>(count));
                      applyAverage(reductions[j], mine);
                      outputs[j].copy_(mine.view(outputs[j].sizes()));

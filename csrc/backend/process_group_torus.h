@@ -9,6 +9,7 @@
 #include <condition_variable>
 #include <deque>
 #include <functional>
+#include <map>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -18,19 +19,37 @@
 #include <torch/csrc/distributed/c10d/Store.hpp>
 
 #include "backend/torus_work.h"
+#include "collectives/allreduce.h"
+#include "collectives/blocks.h"
 #include "comm/comm.h"
 #include "reduce/reduce.h"
 
 namespace torus {
 
+// Use `algorithm` for calls of lo..hi bytes (inclusive).
+struct AlgorithmRule {
+  uint64_t lo = 0;
+  uint64_t hi = UINT64_MAX;
+  std::string algorithm;
+};
+
 // Everything the Python shim resolved from TORUS_* variables and pg_options.
 struct TorusConfig {
   std::string address = "127.0.0.1";
   int64_t chunkBytes = 512 * 1024;
-  std::string allreduce = "ring";
+  // Per collective ("allreduce", "allgather", "reduce_scatter", "broadcast"), rules that cover
+  // every size: the user's TORUS_<COLLECTIVE> rules with the gaps filled by the automatic choice.
+  // A collective without rules uses its first algorithm (ring, ring, ring, binomial).
+  std::map<std::string, std::vector<AlgorithmRule>> algorithms;
+  // The torus grid as rows of ranks (all rows the same length); empty when the world has none.
+  std::vector<std::vector<int>> torusRows;
+  std::string torusInner = "ring";
   // 0 warn, 1 info, 2 debug.
   int logLevel = 0;
 };
+
+enum class Algorithm : uint8_t { kRing, kTorus, kDirect, kRecursiveDoubling, kRabenseifner, kBinomial, kChain };
+const char* algorithmName(Algorithm algorithm);
 
 class ProcessGroupTorus : public c10d::Backend {
  public:
@@ -47,6 +66,10 @@ class ProcessGroupTorus : public c10d::Backend {
   const TorusConfig& config() const {
     return config_;
   }
+  // The algorithm this group runs `collective` with for a call of `nbytes` bytes (the size of
+  // the largest buffer of the call: allreduce and broadcast its tensor, allgather its output,
+  // reduce_scatter its input — as nccl-tests count).
+  Algorithm algorithmFor(const std::string& collective, uint64_t nbytes) const;
 
   c10::intrusive_ptr<c10d::Work> broadcast(std::vector<at::Tensor>& tensors,
                                            const c10d::BroadcastOptions& opts) override;
@@ -116,6 +139,24 @@ class ProcessGroupTorus : public c10d::Backend {
   Reduction reductionFor(const c10d::ReduceOp& op, at::ScalarType dtype, const char* collective) const;
   void applyPreScale(const Reduction& reduction, at::Tensor& tensor) const;
   void applyAverage(const Reduction& reduction, at::Tensor& tensor) const;
+
+  void runAllreduce(Algorithm algorithm, Comm& comm, void* buf, size_t count, const Reducer& reducer);
+  void runAllgather(Algorithm algorithm, Comm& comm, void* buf, const Blocks& blocks, size_t elementSize);
+  void runReduceScatter(Algorithm algorithm, Comm& comm, void* buf, const Blocks& blocks, const Reducer& reducer);
+  // Allgather of byte blocks: every rank contributes `mine` (the same length on every rank);
+  // returns world-size blocks back to back.
+  at::Tensor allgatherBytes(Comm& comm, const at::Tensor& mine);
+  // "torus:all_reduce:ring" and the like, for profiler traces: a string that lives forever.
+  static const char* titleOf(const char* collective, Algorithm algorithm);
+
+  struct SelectionRule {
+    uint64_t lo;
+    uint64_t hi;
+    Algorithm algorithm;
+  };
+  std::map<std::string, std::vector<SelectionRule>> selection_;
+  TorusGrid grid_;
+  AllreduceFn torusInner_ = nullptr;
 
   TorusConfig config_;
   std::string groupName_;

@@ -1,16 +1,17 @@
 // Reduction kernels and their run-time dispatch.
 //
-// Every kernel is one template, run<W, Codec, Op>, written with GCC/Clang generic vectors of W
-// bytes, and built three times: W = 16 with no target attribute (portable: SSE2 on x86-64, NEON
-// on AArch64, plain scalar code elsewhere), W = 32 under target("avx2,f16c") and W = 64 under
-// target("avx512f,avx512bw"). The entry points are flattened, so the loop, the op and the codec
-// are all compiled for the entry's target. makeReducer looks the CPU up once
+// Every kernel is one template, run<W, Codec, Op>, written with GCC/Clang generic vectors and
+// built three times: W = 16 bytes with no target attribute (portable: SSE2 on x86-64, NEON on
+// AArch64, plain scalar code elsewhere), W = 32 under target("avx2,f16c") and W = 64 under
+// target("avx512f,avx512bw"). The entry points are flattened, so the loop, the codec and the op
+// are all compiled for the entry's target. makeReducer asks the CPU once
 // (__builtin_cpu_supports) and hands back a plain function pointer: a call costs one indirect
 // jump and no feature test.
 //
-// A Codec says how lanes are stored and computed: Plain<T> computes in T, Half and BFloat16
-// widen to float and round back to nearest-even. Integer SUM, PRODUCT and bitwise ops run on the
-// unsigned twin of the type, where wrap-around is defined (signed overflow is UB in C++).
+// The codec reads a block of W bytes from dst and src into vectors, applies the op and writes
+// dst back. Plain<T> computes in T; integer SUM, PRODUCT and bitwise ops use the unsigned twin of
+// T, where wrap-around is defined (signed overflow is UB in C++). Half and BFloat16 widen to
+// float and round back to nearest-even.
 
 #include "reduce/reduce.h"
 
@@ -51,19 +52,23 @@ struct Product {
   }
 };
 
-// Like torch.minimum/maximum, NaN in either input gives NaN: any comparison with NaN is false,
-// so b is taken unless a is NaN. (a != a is false for integers and folds away.)
+// Like torch.minimum/maximum, NaN in either input gives NaN: a comparison with NaN is false, so
+// m is b when b is NaN, and a NaN a is caught by a != a (false for integers: folds away). The
+// NaN case yields a + b, itself NaN, rather than a: given a, GCC 12 fuses the two selects into
+// one on an OR of masks, which it scalarizes for 512-bit float vectors.
 struct Min {
   template <class V>
   static void apply(V& a, const V& b) {
-    a = ((a < b) | (a != a)) ? a : b;
+    V m = (a < b) ? a : b;
+    a = (a != a) ? a + b : m;
   }
 };
 
 struct Max {
   template <class V>
   static void apply(V& a, const V& b) {
-    a = ((a > b) | (a != a)) ? a : b;
+    V m = (a > b) ? a : b;
+    a = (a != a) ? a + b : m;
   }
 };
 
@@ -88,61 +93,87 @@ struct BitXor {
   }
 };
 
+// A codec applies Op to one block: W bytes of storage at d and at s.
 template <class T>
 struct Plain {
   using Storage = T;
-  using Lane = T;
 
-  template <class V>
-  static void load(V& v, const T* p) {
-    memcpy(&v, p, sizeof v);
-  }
-  template <class V>
-  static void store(T* p, const V& v) {
-    memcpy(p, &v, sizeof v);
+  template <size_t W, class Op>
+  static void block(T* d, const T* s) {
+    Vec<T, W> a;
+    Vec<T, W> b;
+    memcpy(&a, d, W);
+    memcpy(&b, s, W);
+    Op::apply(a, b);
+    memcpy(d, &a, W);
   }
 };
 
-// The float lanes V widen to, as unsigned integers, and the 16-bit lanes they come from.
-template <class V>
-using U32Of = Vec<uint32_t, sizeof(V)>;
-template <class V>
-using U16Of = Vec<uint16_t, sizeof(V) / 2>;
-
-struct BFloat16 {
+// 16-bit floats are computed as two float vectors. Generically a block is read as 32-bit words,
+// whose high halves (odd elements) and low halves (even elements) each give one float vector:
+// an element-wise op does not care about lane order, and this needs no shuffles, which would
+// otherwise bound the loop. Format supplies widen (16 bits at the top of a word -> float) and
+// narrow (float -> 16 bits at the bottom of a word); it may also overload unpack/pack for
+// one vector width, as Half does with the hardware conversions.
+template <class Format>
+struct Widened16 {
   using Storage = uint16_t;
-  using Lane = float;
 
   template <class V>
-  static void load(V& v, const uint16_t* p) {
-    U16Of<V> h;
-    memcpy(&h, p, sizeof h);
-    v = __builtin_bit_cast(V, __builtin_convertvector(h, U32Of<V>) << 16);
+  static void unpack(const uint16_t* p, V& even, V& odd) {
+    Vec<uint32_t, sizeof(V)> w;
+    memcpy(&w, p, sizeof w);
+    Format::widen(even, w << 16);
+    Format::widen(odd, w & 0xFFFF0000u);
+  }
+
+  template <class V>
+  static void pack(uint16_t* p, const V& even, const V& odd) {
+    Vec<uint32_t, sizeof(V)> lo;
+    Vec<uint32_t, sizeof(V)> hi;
+    Format::narrow(lo, even);
+    Format::narrow(hi, odd);
+    lo |= hi << 16;
+    memcpy(p, &lo, sizeof lo);
+  }
+
+  template <size_t W, class Op>
+  static void block(uint16_t* d, const uint16_t* s) {
+    Vec<float, W> a0;
+    Vec<float, W> a1;
+    Vec<float, W> b0;
+    Vec<float, W> b1;
+    Format::unpack(d, a0, a1);
+    Format::unpack(s, b0, b1);
+    Op::apply(a0, b0);
+    Op::apply(a1, b1);
+    Format::pack(d, a0, a1);
+  }
+};
+
+struct BFloat16 : Widened16<BFloat16> {
+  template <class V, class U>
+  static void widen(V& v, const U& w) {
+    v = __builtin_bit_cast(V, w);
   }
 
   // Round to nearest, ties to even; NaN becomes the quiet NaN that c10::BFloat16 writes.
-  template <class V>
-  static void store(uint16_t* p, const V& v) {
-    U32Of<V> w = __builtin_bit_cast(U32Of<V>, v);
-    U32Of<V> rounded = (w + 0x7FFF + ((w >> 16) & 1)) >> 16;
-    U16Of<V> h = __builtin_convertvector((v != v) ? U32Of<V>{} + 0x7FC0 : rounded, U16Of<V>);
-    memcpy(p, &h, sizeof h);
+  template <class U, class V>
+  static void narrow(U& h, const V& v) {
+    U w = __builtin_bit_cast(U, v);
+    h = (v != v) ? U{} + 0x7FC0u : (w + 0x7FFFu + ((w >> 16) & 1u)) >> 16;
   }
 };
 
-// IEEE half. The templates are the portable path: the branch-free conversions of the FP16
-// library (also c10::Half's software fallback), done on all lanes at once. x86 builds add
-// overloads for the AVX2 and AVX-512 widths that use the hardware conversions instead.
-struct Half {
-  using Storage = uint16_t;
-  using Lane = float;
+// IEEE half. widen and narrow are the branch-free conversions of the FP16 library (also
+// c10::Half's software fallback), done on all lanes at once: the portable path. x86 builds
+// overload unpack/pack for the AVX2 and AVX-512 widths with the hardware conversions (F16C).
+struct Half : Widened16<Half> {
+  using Widened16<Half>::unpack;
+  using Widened16<Half>::pack;
 
-  template <class V>
-  static void load(V& v, const uint16_t* p) {
-    using U = U32Of<V>;
-    U16Of<V> h;
-    memcpy(&h, p, sizeof h);
-    U w = __builtin_convertvector(h, U) << 16;
+  template <class V, class U>
+  static void widen(V& v, const U& w) {
     U twice = w + w; // the sign shifted out
     // Normal, Inf and NaN: move exponent and mantissa into place and rebias by 2^-112.
     V normal = __builtin_bit_cast(V, (twice >> 4) + (0xE0u << 23)) * 0x1.0p-112f;
@@ -152,9 +183,8 @@ struct Half {
     v = __builtin_bit_cast(V, (w & 0x80000000u) | bits);
   }
 
-  template <class V>
-  static void store(uint16_t* p, const V& v) {
-    using U = U32Of<V>;
+  template <class U, class V>
+  static void narrow(U& h, const V& v) {
     U w = __builtin_bit_cast(U, v);
     U twice = w + w; // the sign shifted out
     // Scaling by 2^112 then 2^-110 sends overflow to Inf; adding a power of two aligned to the
@@ -164,76 +194,75 @@ struct Half {
     bias = (bias < 0x71000000u) ? U{} + 0x71000000u : bias;
     U bits = __builtin_bit_cast(U, __builtin_bit_cast(V, (bias >> 1) + 0x07800000u) + base);
     U magnitude = ((bits >> 13) & 0x7C00u) + (bits & 0x0FFFu);
-    U half = ((w >> 16) & 0x8000u) | ((twice > 0xFF000000u) ? U{} + 0x7E00u : magnitude);
-    U16Of<V> h = __builtin_convertvector(half, U16Of<V>);
-    memcpy(p, &h, sizeof h);
+    h = ((w >> 16) & 0x8000u) | ((twice > 0xFF000000u) ? U{} + 0x7E00u : magnitude);
   }
 
 #if defined(__x86_64__)
-  __attribute__((target("avx2,f16c"))) static void load(Vec<float, 32>& v, const uint16_t* p) {
-    v = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+  __attribute__((target("avx2,f16c"))) static void unpack(
+      const uint16_t* p,
+      Vec<float, 32>& lo,
+      Vec<float, 32>& hi) {
+    lo = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+    hi = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p + 8)));
   }
-  __attribute__((target("avx2,f16c"))) static void store(uint16_t* p, const Vec<float, 32>& v) {
-    __m128i h = _mm256_cvtps_ph(v, _MM_FROUND_TO_NEAREST_INT);
-    _mm_storeu_si128(reinterpret_cast<__m128i*>(p), h);
+  __attribute__((target("avx2,f16c"))) static void pack(
+      uint16_t* p,
+      const Vec<float, 32>& lo,
+      const Vec<float, 32>& hi) {
+    __m256i h = _mm256_set_m128i(
+        _mm256_cvtps_ph(hi, _MM_FROUND_TO_NEAREST_INT),
+        _mm256_cvtps_ph(lo, _MM_FROUND_TO_NEAREST_INT));
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(p), h);
   }
   // The all-lanes masked forms: GCC 12's unmasked ones trip -Wmaybe-uninitialized.
-  __attribute__((target("avx512f"))) static void load(Vec<float, 64>& v, const uint16_t* p) {
-    __m256i h = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
-    v = _mm512_maskz_cvtph_ps(0xFFFF, h);
+  __attribute__((target("avx512f"))) static void unpack(
+      const uint16_t* p,
+      Vec<float, 64>& lo,
+      Vec<float, 64>& hi) {
+    lo = _mm512_maskz_cvtph_ps(0xFFFF, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
+    hi = _mm512_maskz_cvtph_ps(0xFFFF, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p + 16)));
   }
-  __attribute__((target("avx512f"))) static void store(uint16_t* p, const Vec<float, 64>& v) {
-    __m256i h = _mm512_maskz_cvtps_ph(0xFFFF, v, _MM_FROUND_TO_NEAREST_INT);
-    _mm256_storeu_si256(reinterpret_cast<__m256i*>(p), h);
+  __attribute__((target("avx512f"))) static void pack(
+      uint16_t* p,
+      const Vec<float, 64>& lo,
+      const Vec<float, 64>& hi) {
+    __m256i h0 = _mm512_maskz_cvtps_ph(0xFFFF, lo, _MM_FROUND_TO_NEAREST_INT);
+    __m256i h1 = _mm512_maskz_cvtps_ph(0xFFFF, hi, _MM_FROUND_TO_NEAREST_INT);
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(p), h0);
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(p + 16), h1);
   }
 #endif
 };
 
-// dst[i] = dst[i] op src[i] with W-byte vectors of the codec's lanes.
+// dst[i] = dst[i] op src[i], a block of W bytes of storage at a time.
 template <size_t W, class C, class Op>
 void run(void* dst, const void* src, size_t count) {
   using S = typename C::Storage;
-  using V = Vec<typename C::Lane, W>;
-  constexpr size_t kLanes = W / sizeof(typename C::Lane);
-  constexpr size_t kBlockBytes = kLanes * sizeof(S);
-  constexpr size_t kUnroll = 4;
+  constexpr size_t kLanes = W / sizeof(S);
 
   S* d = static_cast<S*>(dst);
   const S* s = static_cast<const S*>(src);
-  auto block = [](S* dd, const S* ss) {
-    V a;
-    V b;
-    C::load(a, dd);
-    C::load(b, ss);
-    Op::apply(a, b);
-    C::store(dd, a);
-  };
   // Fewer than kLanes elements go through the same vector code on zero-padded copies, so every
   // element gets bit-identical treatment wherever it sits; zero is harmless to every op.
-  auto partial = [&block](S* dd, const S* ss, size_t n) {
+  auto partial = [](S* dd, const S* ss, size_t n) {
     S bd[kLanes] = {};
     S bs[kLanes] = {};
     memcpy(bd, dd, n * sizeof(S));
     memcpy(bs, ss, n * sizeof(S));
-    block(bd, bs);
+    C::template block<W, Op>(bd, bs);
     memcpy(dd, bd, n * sizeof(S));
   };
 
   // Align dst to a block so that its loads and stores never straddle cache lines (src may
   // still be misaligned relative to it: loads split more cheaply than stores).
-  size_t head = (-reinterpret_cast<uintptr_t>(d) % kBlockBytes) / sizeof(S);
+  size_t head = (-reinterpret_cast<uintptr_t>(d) % W) / sizeof(S);
   head = head < count ? head : count;
   if (head > 0) {
     partial(d, s, head);
   }
   size_t i = head;
-  for (; i + kUnroll * kLanes <= count; i += kUnroll * kLanes) {
-    for (size_t u = 0; u < kUnroll; ++u) {
-      block(d + i + u * kLanes, s + i + u * kLanes);
-    }
-  }
   for (; i + kLanes <= count; i += kLanes) {
-    block(d + i, s + i);
+    C::template block<W, Op>(d + i, s + i);
   }
   if (i < count) {
     partial(d + i, s + i, count - i);

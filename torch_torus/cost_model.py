@@ -1,0 +1,91 @@
+"""How long each AllReduce algorithm takes, from three machine figures (NCCL-style tuning).
+
+    time = steps x latency + bytes on the wire / bandwidth + bytes reduced / reduce_rate
+
+for n ranks and S bytes (p: the largest power of two <= n; the torus: r rows of c ranks):
+
+    ring                2(n-1) steps, 2S(n-1)/n sent, S(n-1)/n reduced
+    direct              2 steps of n-1 concurrent messages each, 2S(n-1)/n sent
+    recursive_doubling  log2 p steps of S, plus a fold and an unfold of S when n != p
+    rabenseifner        2 log2 p steps, 2S(p-1)/p sent, plus the fold and unfold when n != p
+    torus               a ring reduce-scatter and allgather along the rows, the inner
+                        algorithm on S/c along the columns
+
+The defaults were measured on the development machine over TCP loopback (BENCHMARKS.md).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from .config import MAX_BYTES, Rule
+
+
+@dataclass(frozen=True)
+class Machine:
+    latency: float  # seconds per dependent step (one message's round through the transport)
+    bandwidth: float  # bytes per second one rank sends
+    reduce_rate: float  # bytes per second one rank reduces
+    message_overhead: float  # seconds per extra concurrent message within a step
+
+
+DEFAULT_MACHINE = Machine(latency=60e-6, bandwidth=0.9e9, reduce_rate=3.0e9, message_overhead=15e-6)
+
+
+def _log2_floor(n: int) -> int:
+    return n.bit_length() - 1
+
+
+def allreduce_seconds(algorithm: str, nbytes: int, n: int, grid_shape: tuple[int, int] | None = None,
+                      inner: str = "ring", machine: Machine = DEFAULT_MACHINE) -> float:
+    """Predicted time of one allreduce of `nbytes` over `n` ranks."""
+    if n <= 1:
+        return 0.0
+    m, s = machine, float(nbytes)
+    wire, reduce = s / m.bandwidth, s / m.reduce_rate
+    p = 1 << _log2_floor(n)
+    fold = 0.0 if n == p else 2 * (m.latency + wire) + reduce
+    if algorithm == "ring":
+        return 2 * (n - 1) * m.latency + 2 * (n - 1) / n * wire + (n - 1) / n * reduce
+    if algorithm == "direct":
+        return 2 * (m.latency + (n - 2) * m.message_overhead) + 2 * (n - 1) / n * wire + (n - 1) / n * reduce
+    if algorithm == "recursive_doubling":
+        return math.log2(p) * (m.latency + wire + reduce) + fold
+    if algorithm == "rabenseifner":
+        return 2 * math.log2(p) * m.latency + 2 * (p - 1) / p * wire + (p - 1) / p * reduce + fold
+    if algorithm == "torus":
+        if grid_shape is None:
+            return allreduce_seconds("ring", nbytes, n, None, inner, machine)
+        rows, cols = grid_shape
+        row_phases = 2 * (cols - 1) * m.latency + 2 * (cols - 1) / cols * wire + (cols - 1) / cols * reduce
+        return row_phases + allreduce_seconds(inner, nbytes // cols, rows, None, inner, machine)
+    raise ValueError(f"no cost model for allreduce algorithm {algorithm!r}")
+
+
+def best_allreduce(nbytes: int, n: int, candidates: tuple[str, ...], grid_shape: tuple[int, int] | None,
+                   inner: str, machine: Machine = DEFAULT_MACHINE) -> str:
+    return min(candidates, key=lambda a: allreduce_seconds(a, nbytes, n, grid_shape, inner, machine))
+
+
+def auto_allreduce_rules(n: int, candidates: tuple[str, ...], grid_shape: tuple[int, int] | None,
+                         inner: str, machine: Machine = DEFAULT_MACHINE) -> tuple[Rule, ...]:
+    """Rules covering every size with the algorithm the model predicts fastest."""
+    def best(size: int) -> str:
+        return best_allreduce(size, n, candidates, grid_shape, inner, machine)
+
+    samples = [1 << k for k in range(41)] + [MAX_BYTES]
+    rules: list[Rule] = []
+    lo, current, known = 0, best(0), 0  # invariant: best(known) == current
+    for sample in samples:
+        while best(sample) != current:
+            # Bisect for the first size after `known` where `current` stops winning.
+            left, right = known, sample
+            while right - left > 1:
+                middle = (left + right) // 2
+                left, right = (middle, right) if best(middle) == current else (left, middle)
+            rules.append(Rule(current, lo, right - 1))
+            lo, current, known = right, best(right), right
+        known = sample
+    rules.append(Rule(current, lo, MAX_BYTES))
+    return tuple(rules)

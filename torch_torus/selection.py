@@ -1,0 +1,60 @@
+"""The algorithm tables a group runs by: the user's TORUS_<COLLECTIVE> rules, with every size
+they leave uncovered filled by the automatic choice (the cost model for allreduce, fixed
+thresholds for the others)."""
+
+from __future__ import annotations
+
+from .config import ALGORITHMS, MAX_BYTES, Rule
+from .cost_model import DEFAULT_MACHINE, Machine, auto_allreduce_rules
+from .topology import Grid
+
+# Automatic choice for the collectives without a cost model yet: a latency-bound algorithm for
+# small messages, the bandwidth-bound one above.
+_AUTO_THRESHOLDS = {
+    "allgather": (Rule("direct", 0, 65536), Rule("ring", 65537, MAX_BYTES)),
+    "reduce_scatter": (Rule("direct", 0, 65536), Rule("ring", 65537, MAX_BYTES)),
+    "broadcast": (Rule("binomial", 0, 1 << 20), Rule("chain", (1 << 20) + 1, MAX_BYTES)),
+}
+
+
+def auto_rules(collective: str, size: int, grid: Grid | None, inner: str,
+               machine: Machine = DEFAULT_MACHINE) -> tuple[Rule, ...]:
+    if collective == "allreduce":
+        candidates = tuple(a for a in ALGORITHMS["allreduce"] if a != "torus" or grid is not None)
+        return auto_allreduce_rules(size, candidates, grid.shape if grid else None, inner, machine)
+    return _AUTO_THRESHOLDS[collective]
+
+
+def overlay(user: tuple[Rule, ...], automatic: tuple[Rule, ...]) -> tuple[Rule, ...]:
+    """`user` rules where they apply, `automatic` ones clipped to the gaps between them."""
+    gaps, lo = [], 0
+    for rule in user:
+        if rule.lo > lo:
+            gaps.append((lo, rule.lo - 1))
+        lo = rule.hi + 1 if rule.hi < MAX_BYTES else None
+        if lo is None:
+            break
+    if lo is not None:
+        gaps.append((lo, MAX_BYTES))
+    filled = [Rule(a.algorithm, max(a.lo, g_lo), min(a.hi, g_hi))
+              for g_lo, g_hi in gaps for a in automatic if a.lo <= g_hi and a.hi >= g_lo]
+    merged: list[Rule] = []
+    for rule in sorted(list(user) + filled, key=lambda r: r.lo):
+        if merged and merged[-1].algorithm == rule.algorithm and merged[-1].hi + 1 == rule.lo:
+            merged[-1] = Rule(rule.algorithm, merged[-1].lo, rule.hi)
+        else:
+            merged.append(rule)
+    return tuple(merged)
+
+
+def resolve_tables(values: dict, size: int, grid: Grid | None,
+                   machine: Machine = DEFAULT_MACHINE) -> dict[str, tuple[Rule, ...]]:
+    """Per collective, rules covering every size from 0 to max."""
+    return {
+        collective: overlay(values[collective], auto_rules(collective, size, grid, values["torus_inner"], machine))
+        for collective in ALGORITHMS
+    }
+
+
+def describe(tables: dict[str, tuple[Rule, ...]]) -> str:
+    return "; ".join(f"{c}={';'.join(str(r) for r in rules)}" for c, rules in tables.items())

@@ -1,0 +1,80 @@
+"""Where the ranks of a group live, and the torus grid that follows from it.
+
+Ranks share a host when they share a host identity: the host name, the kernel's boot id and
+the network namespace together, because containers and network namespaces on one machine can
+share a host name while they cannot share memory or loopback (TORUS_HOST_ID overrides it).
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import socket
+from dataclasses import dataclass
+
+from .config import ConfigError
+
+
+def host_identity() -> str:
+    """This process's host identity: host name, boot id and network namespace."""
+    parts = [socket.gethostname()]
+    try:
+        with open("/proc/sys/kernel/random/boot_id") as f:
+            parts.append(f.read().strip())
+    except OSError:
+        pass
+    try:
+        parts.append(os.readlink("/proc/self/ns/net"))
+    except OSError:
+        pass
+    return "|".join(parts)
+
+
+def exchange_host_ids(store, rank: int, size: int, identity: str) -> list[str]:
+    """Every rank's host identity, in rank order, through the group's store."""
+    store.set(f"torus/host/{rank}", identity)
+    values = store.multi_get([f"torus/host/{r}" for r in range(size)])
+    return [bytes(v).decode() for v in values]
+
+
+@dataclass(frozen=True)
+class Grid:
+    """Ranks in rows of equal length: the torus reduce-scatters along rows and allreduces
+    along columns (column j holds the j-th rank of every row)."""
+
+    rows: tuple[tuple[int, ...], ...]
+    reason: str
+
+    @property
+    def shape(self) -> tuple[int, int]:
+        return len(self.rows), len(self.rows[0])
+
+    def __str__(self) -> str:
+        r, c = self.shape
+        return f"{r}x{c} ({self.reason})"
+
+
+def _row_major(rows: int, cols: int, reason: str) -> Grid:
+    return Grid(tuple(tuple(range(i * cols, (i + 1) * cols)) for i in range(rows)), reason)
+
+
+def choose_grid(size: int, hosts: list[str], dims: tuple[int, int] | None) -> Grid | None:
+    """The torus grid for a group, or None when it has none (1 rank, or a prime size)."""
+    if dims is not None:
+        rows, cols = dims
+        if rows * cols != size:
+            raise ConfigError(
+                f"TORUS_TORUS_DIMS={rows}x{cols} does not fit this group: {rows} x {cols} = "
+                f"{rows * cols}, but the group has {size} ranks; allowed: <rows>x<columns> "
+                f"with rows x columns = {size}, or empty for automatic")
+        return _row_major(rows, cols, "TORUS_TORUS_DIMS")
+    by_host: dict[str, list[int]] = {}
+    for rank, host in enumerate(hosts):
+        by_host.setdefault(host, []).append(rank)
+    per_host = {len(ranks) for ranks in by_host.values()}
+    if len(by_host) > 1 and len(per_host) == 1 and per_host.pop() > 1:
+        return Grid(tuple(tuple(ranks) for ranks in by_host.values()), "one row per host")
+    rows = max(d for d in range(1, math.isqrt(size) + 1) if size % d == 0)
+    if rows == 1:
+        return None
+    return _row_major(rows, size // rows, "most square factorization")
