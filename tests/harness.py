@@ -459,8 +459,14 @@ class Pool:
                 broken[r] = repr(e)
         what = f"{ref[0]}.{ref[1]}{self._fmt_args(args, kwargs)}"
         self.cases_run += 1
-        return self._gather(seq, DEFAULT_TIMEOUT if timeout is None else timeout,
-                            DEFAULT_GRACE if grace is None else grace, what, broken=broken)
+        try:
+            return self._gather(seq, DEFAULT_TIMEOUT if timeout is None else timeout,
+                                DEFAULT_GRACE if grace is None else grace, what, broken=broken)
+        except CaseFailure:
+            raise
+        except BaseException:  # KeyboardInterrupt, pytest-timeout, a harness bug: no leftovers
+            self.kill()
+            raise
 
     @staticmethod
     def _fmt_args(args, kwargs) -> str:

@@ -4,10 +4,14 @@ processes, and destroy_process_group followed by a new init in the same process.
 
 from __future__ import annotations
 
+import re
+import time
+
 import pytest
 import torch
 import torch.distributed as dist
 
+import expectations
 import harness
 from reference import check_reduction, compare, first_line, gen, gen_all
 
@@ -199,3 +203,42 @@ def test_destroy_and_reinit(backend):
     harness.conclude(harness.problems(harness.run_job(backend, 2, _case_destroy_reinit,
                                                       timeout=90)),
                      where=f"{backend} destroy/re-init")
+
+
+def _case_timeout(ctx, group_timeout_s=3.0, late_s=8.0):
+    """Ranks 0..n-2 all_reduce on a group with a short timeout; the last rank never joins
+    (it sleeps, then returns).  The others must get an error, within the timeout plus some
+    slack, that is a DistBackendError, says it timed out and names the collective - never a
+    hang (DESIGN.md, "Behaviour users count on")."""
+    import datetime
+
+    g = ctx.new_group(list(range(ctx.world_size)),
+                      timeout=datetime.timedelta(seconds=group_timeout_s))
+    if ctx.rank == ctx.world_size - 1:
+        time.sleep(late_s)
+        return []
+    t0 = time.monotonic()
+    try:
+        dist.all_reduce(torch.ones(1000), group=g)
+    except Exception as e:
+        elapsed = time.monotonic() - t0
+        problems = []
+        msg = str(e)
+        if elapsed > group_timeout_s + 10:
+            problems.append(f"raised only after {elapsed:.1f}s (timeout {group_timeout_s}s)")
+        if not isinstance(e, dist.DistBackendError):
+            problems.append(f"raised {type(e).__name__}, not DistBackendError: {msg[:200]}")
+        if "time" not in msg.lower():
+            problems.append(f"the error does not say it timed out: {msg[:200]}")
+        if not re.search(r"all_?reduce", msg, re.I):
+            problems.append(f"the error does not name the collective: {msg[:200]}")
+        return problems
+    return [f"all_reduce with an absent peer returned after {time.monotonic() - t0:.1f}s "
+            f"instead of raising"]
+
+
+def test_timeout_raises_instead_of_hanging(backend):
+    results = harness.run_job(backend, 3, _case_timeout, init="file", timeout=60)
+    harness.conclude(harness.problems(results),
+                     expectations.gap(backend, "timeout", world_size=3),
+                     where=f"{backend} timeout")

@@ -9,8 +9,8 @@
 // reduced while the next rounds arrive (see direct_pass.h). Peers are reduced in the same order
 // for every chunk, so the result does not depend on arrival order.
 // Staging: ceil(kChunksInFlight / (n-1)) rounds of n-1 chunk-sized slots, fewer than
-// kChunksInFlight + n - 1 chunks: at least kChunksInFlight receives in flight in all, and never
-// less than one per peer, so no peer waits on another's chunk being reduced.
+// kChunksInFlight + n - 1 chunks: at least kChunksInFlight receives in flight in all, and at
+// least one per peer, so every peer's next chunk can land while another peer's is reduced.
 #include "collectives/direct_reduce_scatter.h"
 
 #include <algorithm>
