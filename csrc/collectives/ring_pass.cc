@@ -50,10 +50,17 @@ void ringPass(Comm& comm, void* buf, const Blocks& blocks, size_t elementSize,
     pending[i] = comm.irecv(prev, landing(i, receives[i]), receives[i].count * elementSize);
   };
 
-  for (const Chunk& chunk : firstSends) {
-    send(chunk);
-  }
+  // The next rank expects this rank's first block, then the chunks it forwards. The first block
+  // is paced by arrivals (one more of its chunks per chunk received), so that the next rank has
+  // receives posted for most of it rather than holding early chunks in transport buffers;
+  // forwards wait behind it to keep that order.
+  size_t firstSent = 0;
+  std::vector<size_t> deferredForwards;
+  const auto sendFirst = [&]() { send(firstSends[firstSent++]); };
   const size_t window = std::min(std::max<size_t>(1, receivesInFlight), receives.size());
+  while (firstSent < std::min(firstSends.size(), std::max<size_t>(1, receivesInFlight))) {
+    sendFirst();
+  }
   for (size_t i = 0; i < window; ++i) {
     post(i);
   }
@@ -61,12 +68,27 @@ void ringPass(Comm& comm, void* buf, const Blocks& blocks, size_t elementSize,
     comm.wait(pending[i]);
     pending[i].reset();
     arrived(i, receives[i]);
+    if (firstSent < firstSends.size()) {
+      sendFirst();
+    }
     if (i < forwarded) {
-      send(receives[i]);
+      deferredForwards.push_back(i);
+    }
+    if (firstSent == firstSends.size()) {
+      for (size_t forward : deferredForwards) {
+        send(receives[forward]);
+      }
+      deferredForwards.clear();
     }
     if (i + window < receives.size()) {
       post(i + window);
     }
+  }
+  while (firstSent < firstSends.size()) {
+    sendFirst();
+  }
+  for (size_t forward : deferredForwards) {
+    send(receives[forward]);
   }
   comm.waitAll(sends);
 }
