@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import functools
 import zlib
-from typing import Iterable, List, Optional, Sequence
+from typing import List, Sequence
 
 import torch
 import torch.distributed as dist

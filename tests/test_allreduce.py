@@ -11,10 +11,9 @@ import torch.distributed as dist
 
 import expectations
 import harness
-from reference import (DTYPE_NAMES, FLOAT_DTYPES, OPS, WORLD_SIZES, allreduce_contract,
-                       check_reduction, compare, dtype_of, error_names_op, first_line,
-                       fmt_shape, gen, gen_all, is_float, redop, reduce_ref, shapes_for,
-                       tolerance)
+from reference import (DTYPE_NAMES, OPS, WORLD_SIZES, allreduce_contract, check_reduction,
+                       compare, dtype_of, error_names_op, first_line, fmt_shape, gen, gen_all,
+                       redop, reduce_ref, shapes_for, tolerance)
 
 ws_param = pytest.mark.parametrize("world_size", WORLD_SIZES, ids=lambda w: f"ws{w}")
 CHUNK_ENV = {"TORUS_CHUNK_BYTES": "4096"}

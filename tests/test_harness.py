@@ -94,7 +94,7 @@ def test_hanging_rank_fails_within_bound_and_next_case_gets_fresh_pool(backend):
         harness.run(backend, WS, _sleep_forever_on, 1, env=ENV, timeout=3)
     elapsed = time.monotonic() - t0
     msg = str(info.value)
-    assert elapsed < 3 + 15, elapsed
+    assert 3 <= elapsed < 3 + 20, elapsed  # the bound, plus stack dump and kill
     assert "HUNG" in msg and "rank(s) [1]" in msg and "answered: rank(s) [0]" in msg
     assert "_sleep_forever_on" in msg  # the faulthandler stack of the hung rank
     _assert_pool_killed(pool)
@@ -106,7 +106,7 @@ def test_collective_hang_names_the_hung_rank(backend):
     t0 = time.monotonic()
     with pytest.raises(harness.CaseFailure) as info:
         harness.run(backend, WS, _barrier_on, 0, env=ENV, timeout=3)
-    assert time.monotonic() - t0 < 3 + 15
+    assert time.monotonic() - t0 < 3 + 20
     assert "HUNG" in str(info.value) and "rank(s) [0]" in str(info.value)
     assert "barrier" in str(info.value)
     _assert_pool_killed(pool)
@@ -120,7 +120,7 @@ def test_failing_rank_fails_fast(backend):
         harness.run(backend, WS, _raise_on_and_hang_others, 0, env=ENV, timeout=120, grace=1)
     elapsed = time.monotonic() - t0
     msg = str(info.value)
-    assert elapsed < 1 + 15, f"waited {elapsed:.1f}s: should not wait for the 120s bound"
+    assert elapsed < 1 + 20, f"waited {elapsed:.1f}s: should not wait for the 120s bound"
     assert "deliberate failure on rank 0" in msg and "ValueError" in msg
     assert "raised on rank(s) [0]" in msg and "HUNG" in msg
     _assert_pool_killed(pool)
@@ -132,7 +132,7 @@ def test_dying_rank_is_reported(backend):
     t0 = time.monotonic()
     with pytest.raises(harness.CaseFailure) as info:
         harness.run(backend, WS, _die_on, 1, env=ENV, timeout=120, grace=1)
-    assert time.monotonic() - t0 < 1 + 15
+    assert time.monotonic() - t0 < 1 + 20
     msg = str(info.value)
     assert "DIED (killed by SIGKILL)" in msg and "about to die" in msg
     _assert_pool_killed(pool)

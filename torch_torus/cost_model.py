@@ -29,38 +29,62 @@ class Machine:
     reduce_rate: float  # bytes per second one rank reduces
     message_overhead: float  # seconds per extra concurrent message within a step
 
+    def seconds(self, terms: "Terms") -> float:
+        return (terms.steps * self.latency + terms.wire_bytes / self.bandwidth
+                + terms.reduced_bytes / self.reduce_rate + terms.extra_messages * self.message_overhead)
+
 
 DEFAULT_MACHINE = Machine(latency=60e-6, bandwidth=0.9e9, reduce_rate=3.0e9, message_overhead=15e-6)
+
+
+@dataclass(frozen=True)
+class Terms:
+    """What one rank does in an allreduce: the model's time is linear in these, so measured
+    times fit the machine figures by least squares (benchmarks/fit_cost_model.py)."""
+
+    steps: float
+    wire_bytes: float
+    reduced_bytes: float
+    extra_messages: float
+
+    def __add__(self, other: "Terms") -> "Terms":
+        return Terms(self.steps + other.steps, self.wire_bytes + other.wire_bytes,
+                     self.reduced_bytes + other.reduced_bytes, self.extra_messages + other.extra_messages)
 
 
 def _log2_floor(n: int) -> int:
     return n.bit_length() - 1
 
 
+def allreduce_terms(algorithm: str, nbytes: int, n: int, grid_shape: tuple[int, int] | None = None,
+                    inner: str = "ring") -> Terms:
+    if n <= 1:
+        return Terms(0, 0, 0, 0)
+    s = float(nbytes)
+    p = 1 << _log2_floor(n)
+    fold = Terms(0, 0, 0, 0) if n == p else Terms(2, 2 * s, s, 0)
+    if algorithm == "ring":
+        return Terms(2 * (n - 1), 2 * (n - 1) / n * s, (n - 1) / n * s, 0)
+    if algorithm == "direct":
+        return Terms(2, 2 * (n - 1) / n * s, (n - 1) / n * s, 2 * (n - 2))
+    if algorithm == "recursive_doubling":
+        k = math.log2(p)
+        return Terms(k, k * s, k * s, 0) + fold
+    if algorithm == "rabenseifner":
+        return Terms(2 * math.log2(p), 2 * (p - 1) / p * s, (p - 1) / p * s, 0) + fold
+    if algorithm == "torus":
+        if grid_shape is None:
+            return allreduce_terms("ring", nbytes, n)
+        rows, cols = grid_shape
+        row_phases = Terms(2 * (cols - 1), 2 * (cols - 1) / cols * s, (cols - 1) / cols * s, 0)
+        return row_phases + allreduce_terms(inner, nbytes // cols, rows)
+    raise ValueError(f"no cost model for allreduce algorithm {algorithm!r}")
+
+
 def allreduce_seconds(algorithm: str, nbytes: int, n: int, grid_shape: tuple[int, int] | None = None,
                       inner: str = "ring", machine: Machine = DEFAULT_MACHINE) -> float:
     """Predicted time of one allreduce of `nbytes` over `n` ranks."""
-    if n <= 1:
-        return 0.0
-    m, s = machine, float(nbytes)
-    wire, reduce = s / m.bandwidth, s / m.reduce_rate
-    p = 1 << _log2_floor(n)
-    fold = 0.0 if n == p else 2 * (m.latency + wire) + reduce
-    if algorithm == "ring":
-        return 2 * (n - 1) * m.latency + 2 * (n - 1) / n * wire + (n - 1) / n * reduce
-    if algorithm == "direct":
-        return 2 * (m.latency + (n - 2) * m.message_overhead) + 2 * (n - 1) / n * wire + (n - 1) / n * reduce
-    if algorithm == "recursive_doubling":
-        return math.log2(p) * (m.latency + wire + reduce) + fold
-    if algorithm == "rabenseifner":
-        return 2 * math.log2(p) * m.latency + 2 * (p - 1) / p * wire + (p - 1) / p * reduce + fold
-    if algorithm == "torus":
-        if grid_shape is None:
-            return allreduce_seconds("ring", nbytes, n, None, inner, machine)
-        rows, cols = grid_shape
-        row_phases = 2 * (cols - 1) * m.latency + 2 * (cols - 1) / cols * wire + (cols - 1) / cols * reduce
-        return row_phases + allreduce_seconds(inner, nbytes // cols, rows, None, inner, machine)
-    raise ValueError(f"no cost model for allreduce algorithm {algorithm!r}")
+    return machine.seconds(allreduce_terms(algorithm, nbytes, n, grid_shape, inner))
 
 
 def best_allreduce(nbytes: int, n: int, candidates: tuple[str, ...], grid_shape: tuple[int, int] | None,

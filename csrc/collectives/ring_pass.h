@@ -18,9 +18,11 @@ using ChunkArrived = std::function<void(size_t index, const Chunk& chunk)>;
 // n-1 steps on comm's ring: at step s this rank sends block (firstSendBlock - s) of buf to rank + 1
 // and receives block (firstSendBlock - s - 1) from rank - 1 (mod n). Each block is cut into chunks
 // (see chunkElements); every chunk received before the last step is the next step's send, so it is
-// sent on from buf as soon as `arrived` returns: later chunks keep arriving meanwhile, and the steps
-// overlap. At most receivesInFlight receives are posted at a time, which bounds the landing space a
-// caller that stages its chunks needs. Returns when every send and receive has completed.
+// sent on from buf once `arrived` returns and this rank's first block (which the next rank expects
+// first, and which goes out paced by arrivals) has been sent: later chunks keep arriving meanwhile,
+// and the steps overlap. At most receivesInFlight receives are posted at a time, which bounds the
+// landing space a caller that stages its chunks needs. Returns when every send and receive has
+// completed.
 void ringPass(Comm& comm, void* buf, const Blocks& blocks, size_t elementSize,
               const Chunking& chunking, int firstSendBlock, size_t receivesInFlight,
               const ChunkLanding& landing, const ChunkArrived& arrived);
