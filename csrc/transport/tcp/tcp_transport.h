@@ -9,7 +9,8 @@
 //
 // Progress has no thread of its own: whichever thread waits drives all pending sends and
 // receives; other waiters sleep on a condition variable until the driving thread completes
-// something. Waits sleep in poll(), so oversubscribed hosts are not burned by spinning.
+// something. Waits spin for a few tens of microseconds, yielding the core, then sleep in poll(),
+// so oversubscribed hosts are not burned by spinning.
 #pragma once
 
 #include <condition_variable>
@@ -56,6 +57,8 @@ class TcpTransport : public Transport {
  private:
   void connectAll(Rendezvous& rendezvous, Deadline deadline, const std::string& address);
   void progress(std::unique_lock<std::mutex>& lock, Deadline deadline);
+  // One non-blocking attempt on every connection; true when some request completed.
+  bool tryAll();
   bool trySend(Pair& pair);
   bool tryRecv(Pair& pair);
   void deliver(Pair& pair, uint64_t tag, std::vector<char>&& payload);
