@@ -207,3 +207,12 @@ def _case_debug_log_names_algorithm(ctx):
 
 def test_debug_log_names_algorithm(backend):
     harness.check(backend, 2, _case_debug_log_names_algorithm, env={"TORUS_LOG_LEVEL": "debug"})
+
+
+@pytest.mark.parametrize("dtype, op", [("float32", "SUM"), ("int32", "MAX"), ("bfloat16", "SUM")])
+@pytest.mark.parametrize("algorithm", ["ring", "torus", "direct", "recursive_doubling", "rabenseifner"])
+@pytest.mark.parametrize("world_size", [1, 5, 6, 7], ids=lambda w: f"ws{w}")
+def test_allreduce_algorithms_other_world_sizes(backend, world_size, algorithm, dtype, op):
+    """The world sizes test_allreduce.py's per-algorithm test leaves out: 1, a prime, 6 (2x3
+    torus) and 7 (prime, torus runs as ring)."""
+    harness.check(backend, world_size, _case_allreduce, {"allreduce": algorithm}, dtype, op)
