@@ -69,15 +69,19 @@ def _case_broadcast(ctx, algorithm, dtype):
     return problems
 
 
-def _case_allreduce(ctx, options, dtype, op):
-    group, n, problems = _group(ctx, **options), ctx.world_size, []
+def _check_allreduce(ctx, group, dtype, op, label):
+    n, problems = ctx.world_size, []
     for count in COUNTS:
         inputs = [gen(("ar", count), r, (count,), dtype, op) for r in range(n)]
         ref = reduce_ref(inputs, op)
         t = inputs[ctx.rank].clone()
         dist.all_reduce(t, op=getattr(dist.ReduceOp, op), group=group)
-        problems += compare(t, ref, tolerance(inputs, op, ref), label=f"all_reduce {options} count={count}")
+        problems += compare(t, ref, tolerance(inputs, op, ref), label=f"all_reduce {label} count={count}")
     return problems
+
+
+def _case_allreduce(ctx, options, dtype, op):
+    return _check_allreduce(ctx, _group(ctx, **options), dtype, op, str(options))
 
 
 @pytest.mark.parametrize("dtype", ["float32", "int64", "bfloat16"])
@@ -116,20 +120,8 @@ def test_torus_default_grid_and_prime_fallback(backend, world_size):
 
 def _case_host_rows(ctx):
     # Two fake hosts with interleaved ranks: rows must follow the hosts, not rank order.
-    host = f"host{ctx.rank % 2}"
-    problems = _case_allreduce_on(_group(ctx, allreduce="torus", host_id=host), ctx, "float64", "SUM")
-    return problems
-
-
-def _case_allreduce_on(group, ctx, dtype, op):
-    n, problems = ctx.world_size, []
-    for count in COUNTS:
-        inputs = [gen(("hr", count), r, (count,), dtype, op) for r in range(n)]
-        ref = reduce_ref(inputs, op)
-        t = inputs[ctx.rank].clone()
-        dist.all_reduce(t, group=group)
-        problems += compare(t, ref, tolerance(inputs, op, ref), label=f"host rows count={count}")
-    return problems
+    group = _group(ctx, allreduce="torus", host_id=f"host{ctx.rank % 2}")
+    return _check_allreduce(ctx, group, "float64", "SUM", "torus on host rows")
 
 
 def test_torus_rows_follow_hosts(backend):
