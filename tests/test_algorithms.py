@@ -135,7 +135,8 @@ def _case_algorithm_for(ctx):
                    broadcast="chain")
     expected = {("allreduce", 0): "recursive_doubling", ("allreduce", 8192): "recursive_doubling",
                 ("allreduce", 8193): "ring", ("allreduce", 1 << 20): "ring",
-                ("allreduce", (1 << 20) + 1): "torus", ("broadcast", 5): "chain"}
+                ("allreduce", (1 << 20) + 1): "torus", ("broadcast", 5): "chain",
+                ("alltoall", 5): "pairwise", ("barrier", 0): "dissemination"}
     problems = [f"algorithm_for{key} = {torch_torus.algorithm_for(*key, group)}, expected {value}"
                 for key, value in expected.items() if torch_torus.algorithm_for(*key, group) != value]
     try:

@@ -21,6 +21,9 @@ __all__ = ["Options", "ConfigError", "SETTINGS", "BACKEND_NAME", "algorithm_for"
 
 BACKEND_NAME = "torus"
 _LOG_LEVELS = {"warn": 0, "info": 1, "debug": 2}
+# Collectives that have one algorithm each, so no setting chooses among several.
+_SINGLE_ALGORITHM = {"alltoall": "pairwise", "reduce": "binomial", "gather": "direct", "scatter": "direct",
+                     "barrier": "dissemination"}
 
 
 def _create_backend(dist_options, pg_options) -> _C.ProcessGroupTorus:
@@ -47,8 +50,9 @@ def _create_backend(dist_options, pg_options) -> _C.ProcessGroupTorus:
 def algorithm_for(collective: str, nbytes: int, group: dist.ProcessGroup | None = None) -> str:
     """The algorithm `group` (default: the world) runs `collective` with for `nbytes` bytes.
 
-    collective: "allreduce", "allgather", "reduce_scatter" or "broadcast"; nbytes counts the
-    call's largest buffer, as nccl-tests do (allgather: the output, reduce_scatter: the input).
+    collective: "allreduce", "allgather", "reduce_scatter" or "broadcast" (chosen by size), or
+    "alltoall", "reduce", "gather", "scatter" or "barrier" (one algorithm each); nbytes counts
+    the call's largest buffer, as nccl-tests do (allgather: the output, reduce_scatter: the input).
     """
     group = group if group is not None else dist.group.WORLD
     if group is None:
@@ -57,7 +61,7 @@ def algorithm_for(collective: str, nbytes: int, group: dist.ProcessGroup | None 
     if not isinstance(backend, _C.ProcessGroupTorus):
         raise ValueError(f"torch_torus.algorithm_for: the group's CPU backend is {type(backend).__name__}, "
                          "not torus")
-    return backend.algorithm_for(collective, nbytes)
+    return _SINGLE_ALGORITHM.get(collective) or backend.algorithm_for(collective, nbytes)
 
 
 # CUDA is listed so that CUDA tensors reach the backend and get its clear "not supported yet"
