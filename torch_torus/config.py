@@ -3,7 +3,7 @@
 Settings are read when a process group is created. A value passed in code
 (``torch_torus.Options(chunk_bytes=...)`` as ``pg_options``) wins over the environment. A bad
 value fails group creation with an error naming the variable, the value and what is allowed.
-The README's settings table is generated from this module (``python -m torch_torus.config``)
+The README's settings table is generated from this module (``markdown_table()``)
 and a test checks that the two agree.
 """
 
