@@ -399,6 +399,9 @@ void ProcessGroupTorus::runWorker() {
       } catch (const CommError& e) {
         failure_ = job.context + ": " + e.what();
         error = asTorchError(std::current_exception(), job.context);
+        // The failed collective's other sends and receives still point into its buffers and
+        // the scratch; end them all before those are freed or reused.
+        transport_->abort(failure_);
       } catch (...) {
         error = asTorchError(std::current_exception(), job.context);
       }

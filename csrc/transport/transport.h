@@ -64,7 +64,9 @@ class Transport {
   // Non-blocking: makes what progress it can; true when the request completed (throws as wait).
   virtual bool test(const RequestPtr& request) = 0;
 
-  // Fails every pending and future request with kAborted; wakes all waiters.
+  // Fails every pending and future request with kAborted and wakes all waiters; the transport
+  // never touches a request's buffer afterwards. Connections stay open (until destruction), so
+  // peers see their own timeouts rather than a cascade of closed connections.
   virtual void abort(const std::string& why) = 0;
 };
 

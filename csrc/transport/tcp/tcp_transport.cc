@@ -673,7 +673,6 @@ void TcpTransport::abort(const std::string& why) {
       pair->discard = true;
     }
     pair->failure = why;
-    ::shutdown(pair->fd, SHUT_RDWR);
   }
   for (auto& entry : anyPeerReceives_) {
     for (auto& op : entry.second) {
