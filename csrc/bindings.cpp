@@ -23,6 +23,7 @@ PYBIND11_MODULE(_C, module) {
 
   py::class_<torus::TorusConfig>(module, "TorusConfig")
       .def(py::init<>())
+      .def_readwrite("transport", &torus::TorusConfig::transport)
       .def_readwrite("address", &torus::TorusConfig::address)
       .def_readwrite("chunk_bytes", &torus::TorusConfig::chunkBytes)
       .def_readwrite("algorithms", &torus::TorusConfig::algorithms)

@@ -1,8 +1,9 @@
 """pytest wiring for the multi-process harness (see harness.py).
 
 * ``backend`` fixture: parametrized over TORUS_TEST_BACKENDS (comma separated, default
-  "torus"); ``TORUS_TEST_BACKENDS=gloo`` runs the very same tests against gloo, to validate
-  the tests themselves.  Per-backend deviations live in ONE table: expectations.py.
+  "torus+shm,torus+tcp": torus over each transport, see harness.split_backend);
+  ``TORUS_TEST_BACKENDS=gloo`` runs the very same tests against gloo, to validate the tests
+  themselves.  Per-backend deviations live in ONE table: expectations.py.
 * Pools are session-scoped (harness._POOLS) and torn down at session end.
 * No hang, ever: every case has its own bound inside the harness (TORUS_TEST_TIMEOUT, 60 s
   default); on top of that each test runs under a hard per-test limit
@@ -24,7 +25,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import harness  # noqa: E402
 
-BACKENDS = [b.strip() for b in os.environ.get("TORUS_TEST_BACKENDS", "torus").split(",")
+BACKENDS = [b.strip() for b in os.environ.get("TORUS_TEST_BACKENDS", "torus+shm,torus+tcp").split(",")
             if b.strip()]
 HARD_LIMIT = float(os.environ.get("TORUS_TEST_HARD_LIMIT", "900") or 0)
 

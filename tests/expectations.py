@@ -40,7 +40,7 @@ class Gap:
     min_world_size: int = 1
 
     def applies(self, backend, what, dtype=None, op=None, world_size=None) -> bool:
-        return (backend == self.backend
+        return (backend.partition("+")[0] == self.backend
                 and any(fnmatch.fnmatchcase(what, w) for w in self.what)
                 and (self.dtypes is None or dtype in self.dtypes)
                 and (self.ops is None or op in self.ops)

@@ -115,8 +115,17 @@ class PoolSpec:
         return s
 
 
+def split_backend(backend: str) -> Tuple[str, Dict[str, str]]:
+    """"torus+tcp" -> ("torus", {"TORUS_TRANSPORT": "tcp"}): a backend and the transport its
+    tests run over; a plain name has no transport setting."""
+    name, _, transport = backend.partition("+")
+    return name, ({"TORUS_TRANSPORT": transport} if transport else {})
+
+
 def make_spec(backend, world_size, env=None, init="file", options=None) -> PoolSpec:
-    env_t = tuple(sorted((str(k), str(v)) for k, v in (env or {}).items()))
+    backend, transport_env = split_backend(backend)
+    env = {**transport_env, **(env or {})}
+    env_t = tuple(sorted((str(k), str(v)) for k, v in env.items()))
     opt_t = tuple(sorted((options or {}).items()))
     if init not in ("file", "tcp", "env", "store", "none"):
         raise ValueError(f"unknown init {init!r}")

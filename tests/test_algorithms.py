@@ -16,6 +16,7 @@ import torch.distributed as dist
 import expectations
 import harness
 from reference import compare, first_line, gen, reduce_ref, tolerance
+from torch_torus.config import ALGORITHMS
 
 pytestmark = pytest.mark.usefixtures("torus_only")
 
@@ -203,7 +204,7 @@ def test_debug_log_names_algorithm(backend):
 
 
 @pytest.mark.parametrize("dtype, op", [("float32", "SUM"), ("int32", "MAX"), ("bfloat16", "SUM")])
-@pytest.mark.parametrize("algorithm", ["ring", "torus", "direct", "recursive_doubling", "rabenseifner"])
+@pytest.mark.parametrize("algorithm", ALGORITHMS["allreduce"])
 @pytest.mark.parametrize("world_size", [1, 5, 6, 7], ids=lambda w: f"ws{w}")
 def test_allreduce_algorithms_other_world_sizes(backend, world_size, algorithm, dtype, op):
     """The world sizes test_allreduce.py's per-algorithm test leaves out: 1, a prime, 6 (2x3

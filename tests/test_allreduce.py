@@ -11,6 +11,7 @@ import torch.distributed as dist
 
 import expectations
 import harness
+from torch_torus.config import ALGORITHMS as TORUS_ALGORITHMS
 from reference import (DTYPE_NAMES, OPS, WORLD_SIZES, allreduce_contract, check_reduction,
                        compare, dtype_of, error_names_op, first_line, fmt_shape, gen, gen_all,
                        redop, reduce_ref, shapes_for, tolerance)
@@ -290,7 +291,7 @@ def test_allreduce_chunked(backend, world_size, dtype, op):
                   gap=expectations.gap(backend, "all_reduce.chunked", dtype, op))
 
 
-ALGORITHMS = ["ring", "torus", "direct", "recursive_doubling", "rabenseifner"]
+ALGORITHMS = list(TORUS_ALGORITHMS["allreduce"])
 
 
 @pytest.mark.parametrize("dtype,op", [("float32", "SUM"), ("float16", "SUM"),

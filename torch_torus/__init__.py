@@ -15,7 +15,7 @@ import torch.distributed as dist
 from . import _C
 from .config import SETTINGS, ConfigError, Options, local_address, resolve
 from .selection import describe, resolve_tables
-from .topology import choose_grid, exchange_host_ids, host_identity
+from .topology import choose_grid, choose_transport, exchange_host_ids, host_identity
 
 __all__ = ["Options", "ConfigError", "SETTINGS", "BACKEND_NAME", "algorithm_for"]
 
@@ -31,8 +31,10 @@ def _create_backend(dist_options, pg_options) -> _C.ProcessGroupTorus:
     rank, size, store = dist_options.group_rank, dist_options.group_size, dist_options.store
     hosts = exchange_host_ids(store, rank, size, values["host_id"] or host_identity())
     grid = choose_grid(size, hosts, values["torus_dims"])
-    tables = resolve_tables(values, size, grid)
+    transport = choose_transport(values["transport"], hosts)
+    tables = resolve_tables(values, size, grid, transport)
     config = _C.TorusConfig()
+    config.transport = transport
     config.address = local_address(values["socket_ifname"])
     config.chunk_bytes = values["chunk_bytes"]
     config.algorithms = {c: [_C.AlgorithmRule(r.algorithm, r.lo, r.hi) for r in rules] for c, rules in tables.items()}
@@ -42,7 +44,7 @@ def _create_backend(dist_options, pg_options) -> _C.ProcessGroupTorus:
     name = dist_options.group_id or ""
     if config.log_level >= 1 and rank == 0:
         layout = f"torus grid {grid}" if grid else f"no torus grid for {size} ranks: torus runs as ring"
-        print(f"[torus rank 0] group '{name}': {size} ranks on {len(set(hosts))} host(s), {layout}; "
+        print(f"[torus rank 0] group '{name}': {size} ranks on {len(set(hosts))} host(s) over {transport}, {layout}; "
               f"algorithms {describe(tables)}", file=sys.stderr, flush=True)
     return _C.ProcessGroupTorus(store, rank, size, dist_options.timeout, config, name)
 

@@ -20,12 +20,15 @@ from typing import Any, Callable, Mapping
 # Algorithms per collective, as TORUS_<COLLECTIVE> names them; "auto" (the default) lets the
 # group choose per call: a cost model for allreduce, fixed size thresholds for the others.
 ALGORITHMS: dict[str, tuple[str, ...]] = {
-    "allreduce": ("ring", "torus", "direct", "recursive_doubling", "rabenseifner"),
+    "allreduce": ("ring", "torus", "direct", "recursive_doubling", "rabenseifner", "one_shot", "two_shot"),
     "allgather": ("ring", "direct"),
     "reduce_scatter": ("ring", "direct"),
     "broadcast": ("binomial", "chain"),
 }
 TORUS_INNER_ALGORITHMS = ("ring", "direct", "recursive_doubling", "rabenseifner")
+# Allreduce algorithms that need every rank of the group in one host's shared memory.
+SHARED_MEMORY_ALGORITHMS = ("one_shot", "two_shot")
+TRANSPORTS = ("auto", "tcp", "shm")
 LOG_LEVELS = ("warn", "info", "debug")
 MAX_BYTES = (1 << 64) - 1  # "max" in a rule: no upper bound
 
@@ -183,6 +186,14 @@ SETTINGS: tuple[Setting, ...] = (
         "ring",
         _one_of(TORUS_INNER_ALGORITHMS),
         "Allreduce algorithm of the torus's column phase: " + ", ".join(TORUS_INNER_ALGORITHMS) + ".",
+    ),
+    Setting(
+        "TORUS_TRANSPORT",
+        "auto",
+        _one_of(TRANSPORTS),
+        "How ranks move bytes: shm (shared memory, with single copies between processes where "
+        "the kernel allows; every rank on one host), tcp, or auto: shm when all ranks share a "
+        "host, else tcp.",
     ),
     Setting(
         "TORUS_HOST_ID",

@@ -10,8 +10,11 @@ for n ranks and S bytes (p: the largest power of two <= n; the torus: r rows of 
     rabenseifner        2 log2 p steps, 2S(p-1)/p sent, plus the fold and unfold when n != p
     torus               a ring reduce-scatter and allgather along the rows, the inner
                         algorithm on S/c along the columns
+    one_shot            1 step; S copied into shared memory, n*S reduced (shm only)
+    two_shot            2 steps; 2S(n-1)/n copied between processes, S(n-1)/n reduced (shm only)
 
-The defaults were measured on the development machine over TCP loopback (BENCHMARKS.md).
+The machine figures, one set per transport, were measured on the development machine
+(BENCHMARKS.md).
 """
 
 from __future__ import annotations
@@ -37,6 +40,8 @@ class Machine:
 # Fitted to the 4- and 8-rank runs of BENCHMARKS.md (2 cores, TCP loopback, ranks outnumbering
 # cores) by benchmarks/fit_cost_model.py.
 DEFAULT_MACHINE = Machine(latency=260e-6, bandwidth=0.41e9, reduce_rate=2.5e9, message_overhead=230e-6)
+SHM_MACHINE = Machine(latency=20e-6, bandwidth=2.0e9, reduce_rate=2.5e9, message_overhead=10e-6)
+MACHINES = {"tcp": DEFAULT_MACHINE, "shm": SHM_MACHINE}
 
 
 @dataclass(frozen=True)
@@ -74,6 +79,10 @@ def allreduce_terms(algorithm: str, nbytes: int, n: int, grid_shape: tuple[int, 
         return Terms(k, k * s, k * s, 0) + fold
     if algorithm == "rabenseifner":
         return Terms(2 * math.log2(p), 2 * (p - 1) / p * s, (p - 1) / p * s, 0) + fold
+    if algorithm == "one_shot":
+        return Terms(1, s, n * s, 0)
+    if algorithm == "two_shot":
+        return Terms(2, 2 * (n - 1) / n * s, (n - 1) / n * s, 2 * (n - 2))
     if algorithm == "torus":
         if grid_shape is None:
             return allreduce_terms("ring", nbytes, n)

@@ -4,8 +4,8 @@ thresholds for the others)."""
 
 from __future__ import annotations
 
-from .config import ALGORITHMS, MAX_BYTES, Rule
-from .cost_model import DEFAULT_MACHINE, Machine, auto_allreduce_rules
+from .config import ALGORITHMS, MAX_BYTES, SHARED_MEMORY_ALGORITHMS, Rule
+from .cost_model import MACHINES, Machine, auto_allreduce_rules
 from .topology import Grid
 
 # Automatic choice for the collectives without a cost model yet: a latency-bound algorithm for
@@ -17,11 +17,14 @@ _AUTO_THRESHOLDS = {
 }
 
 
-def auto_rules(collective: str, size: int, grid: Grid | None, inner: str,
-               machine: Machine = DEFAULT_MACHINE) -> tuple[Rule, ...]:
+def auto_rules(collective: str, size: int, grid: Grid | None, inner: str, transport: str = "tcp",
+               machine: Machine | None = None) -> tuple[Rule, ...]:
     if collective == "allreduce":
-        candidates = tuple(a for a in ALGORITHMS["allreduce"] if a != "torus" or grid is not None)
-        return auto_allreduce_rules(size, candidates, grid.shape if grid else None, inner, machine)
+        candidates = tuple(a for a in ALGORITHMS["allreduce"]
+                           if (a != "torus" or grid is not None)
+                           and (a not in SHARED_MEMORY_ALGORITHMS or transport == "shm"))
+        return auto_allreduce_rules(size, candidates, grid.shape if grid else None, inner,
+                                    machine or MACHINES[transport])
     return _AUTO_THRESHOLDS[collective]
 
 
@@ -47,11 +50,12 @@ def overlay(user: tuple[Rule, ...], automatic: tuple[Rule, ...]) -> tuple[Rule, 
     return tuple(merged)
 
 
-def resolve_tables(values: dict, size: int, grid: Grid | None,
-                   machine: Machine = DEFAULT_MACHINE) -> dict[str, tuple[Rule, ...]]:
+def resolve_tables(values: dict, size: int, grid: Grid | None, transport: str = "tcp",
+                   machine: Machine | None = None) -> dict[str, tuple[Rule, ...]]:
     """Per collective, rules covering every size from 0 to max."""
     return {
-        collective: overlay(values[collective], auto_rules(collective, size, grid, values["torus_inner"], machine))
+        collective: overlay(values[collective],
+                            auto_rules(collective, size, grid, values["torus_inner"], transport, machine))
         for collective in ALGORITHMS
     }
 

@@ -1,8 +1,9 @@
 """Where the ranks of a group live, and the torus grid that follows from it.
 
 Ranks share a host when they share a host identity: the host name, the kernel's boot id and
-the network namespace together, because containers and network namespaces on one machine can
-share a host name while they cannot share memory or loopback (TORUS_HOST_ID overrides it).
+the network and pid namespaces together, because containers and namespaces on one machine can
+share a host name while they cannot share loopback or reach each other's processes' memory
+(TORUS_HOST_ID overrides it). Ranks that share a host use the shared-memory transport.
 """
 
 from __future__ import annotations
@@ -16,17 +17,18 @@ from .config import ConfigError
 
 
 def host_identity() -> str:
-    """This process's host identity: host name, boot id and network namespace."""
+    """This process's host identity: host name, boot id, network and pid namespaces."""
     parts = [socket.gethostname()]
     try:
         with open("/proc/sys/kernel/random/boot_id") as f:
             parts.append(f.read().strip())
     except OSError:
         pass
-    try:
-        parts.append(os.readlink("/proc/self/ns/net"))
-    except OSError:
-        pass
+    for namespace in ("net", "pid"):
+        try:
+            parts.append(os.readlink(f"/proc/self/ns/{namespace}"))
+        except OSError:
+            pass
     return "|".join(parts)
 
 
@@ -35,6 +37,18 @@ def exchange_host_ids(store, rank: int, size: int, identity: str) -> list[str]:
     store.set(f"torus/host/{rank}", identity)
     values = store.multi_get([f"torus/host/{r}" for r in range(size)])
     return [bytes(v).decode() for v in values]
+
+
+def choose_transport(setting: str, hosts: list[str]) -> str:
+    """"tcp" or "shm" for a group whose ranks live on `hosts`, given TORUS_TRANSPORT."""
+    one_host = len(set(hosts)) == 1
+    if setting == "shm" and not one_host:
+        raise ConfigError(
+            f"TORUS_TRANSPORT=shm needs every rank on one host, but this group spans {len(set(hosts))} "
+            "hosts (by host name, boot id and network namespace, or TORUS_HOST_ID); allowed here: tcp, auto")
+    if setting == "auto":
+        return "shm" if one_host else "tcp"
+    return setting
 
 
 @dataclass(frozen=True)

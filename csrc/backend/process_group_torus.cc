@@ -18,6 +18,7 @@
 #include "collectives/ring_allgather.h"
 #include "collectives/ring_reduce_scatter.h"
 #include "collectives/scatter_direct.h"
+#include "transport/shm/shm_transport.h"
 #include "transport/tcp/tcp_transport.h"
 
 namespace torus {
@@ -188,6 +189,8 @@ constexpr std::pair<Algorithm, const char*> kAlgorithmNames[] = {
     {Algorithm::kDirect, "direct"},
     {Algorithm::kRecursiveDoubling, "recursive_doubling"},
     {Algorithm::kRabenseifner, "rabenseifner"},
+    {Algorithm::kOneShot, "one_shot"},
+    {Algorithm::kTwoShot, "two_shot"},
     {Algorithm::kBinomial, "binomial"},
     {Algorithm::kChain, "chain"},
 };
@@ -197,7 +200,7 @@ const std::map<std::string, std::vector<Algorithm>>& algorithmsByCollective() {
   static const std::map<std::string, std::vector<Algorithm>> table = {
       {"allreduce",
        {Algorithm::kRing, Algorithm::kTorus, Algorithm::kDirect, Algorithm::kRecursiveDoubling,
-        Algorithm::kRabenseifner}},
+        Algorithm::kRabenseifner, Algorithm::kOneShot, Algorithm::kTwoShot}},
       {"allgather", {Algorithm::kRing, Algorithm::kDirect}},
       {"reduce_scatter", {Algorithm::kRing, Algorithm::kDirect}},
       {"broadcast", {Algorithm::kBinomial, Algorithm::kChain}},
@@ -223,6 +226,10 @@ AllreduceFn allreduceFunction(Algorithm algorithm) {
       return recursive_doubling_allreduce;
     case Algorithm::kRabenseifner:
       return rabenseifner_allreduce;
+    case Algorithm::kOneShot:
+      return one_shot_allreduce;
+    case Algorithm::kTwoShot:
+      return two_shot_allreduce;
     default:
       return ring_allreduce;
   }
@@ -263,13 +270,25 @@ ProcessGroupTorus::ProcessGroupTorus(const c10::intrusive_ptr<c10d::Store>& stor
                       size);
     grid_.rows = config_.torusRows;
   }
-  torusInner_ = allreduceFunction(parseAlgorithm("allreduce", config_.torusInner));
+  const Algorithm inner = parseAlgorithm("allreduce", config_.torusInner);
+  TORCH_CHECK_VALUE(inner != Algorithm::kOneShot && inner != Algorithm::kTwoShot, "torus: the torus inner algorithm ",
+                    config_.torusInner, " cannot run on a torus column (it needs the whole group's shared memory)");
+  torusInner_ = allreduceFunction(inner);
+  TORCH_CHECK_VALUE(config_.transport == "tcp" || config_.transport == "shm", "torus: unknown transport '",
+                    config_.transport, "'; expected tcp or shm");
   StoreRendezvous rendezvous(store);
-  TcpOptions tcp;
-  tcp.address = config_.address;
-  tcp.timeout = timeout;
   try {
-    transport_ = std::make_shared<TcpTransport>(rank, size, rendezvous, tcp);
+    if (config_.transport == "shm") {
+      auto shm = std::make_shared<ShmTransport>(rank, size, rendezvous);
+      sharedMemory_ = true;
+      singleCopy_ = shm->singleCopy();
+      transport_ = std::move(shm);
+    } else {
+      TcpOptions tcp;
+      tcp.address = config_.address;
+      tcp.timeout = timeout;
+      transport_ = std::make_shared<TcpTransport>(rank, size, rendezvous, tcp);
+    }
   } catch (const CommError& e) {
     C10_THROW_ERROR(DistBackendError, std::string("torus: cannot create group '") + groupName_ + "': " + e.what());
   }
@@ -279,8 +298,14 @@ ProcessGroupTorus::ProcessGroupTorus(const c10::intrusive_ptr<c10d::Store>& stor
   worker_ = std::thread(&ProcessGroupTorus::runWorker, this);
   if (config_.logLevel >= 1 && rank == 0) {
     std::ostringstream line;
-    line << "group '" << groupName_ << "' ready: " << size << " ranks over tcp (" << config_.address
-         << "), chunk " << config_.chunkBytes << " bytes";
+    line << "group '" << groupName_ << "' ready: " << size << " ranks over ";
+    if (sharedMemory_) {
+      line << "shared memory (" << (singleCopy_ ? "single-copy transfers" : "no single-copy transfers: two_shot off")
+           << ")";
+    } else {
+      line << "tcp (" << config_.address << ")";
+    }
+    line << ", chunk " << config_.chunkBytes << " bytes";
     logLine(rank, line.str());
   }
 }
@@ -302,12 +327,27 @@ Algorithm ProcessGroupTorus::algorithmFor(const std::string& collective, uint64_
   if (rules != selection_.end()) {
     for (const auto& rule : rules->second) {
       if (nbytes >= rule.lo && nbytes <= rule.hi) {
-        // A torus needs a grid; a world without one (a prime size) runs the ring instead.
-        return rule.algorithm == Algorithm::kTorus && grid_.rows.empty() ? Algorithm::kRing : rule.algorithm;
+        return usable(rule.algorithm, nbytes);
       }
     }
   }
   return known->second.front();
+}
+
+Algorithm ProcessGroupTorus::usable(Algorithm algorithm, uint64_t nbytes) const {
+  // A torus needs a grid; a world without one (a prime size) runs the ring instead.
+  if (algorithm == Algorithm::kTorus && grid_.rows.empty()) {
+    return Algorithm::kRing;
+  }
+  // The shared-memory allreduces need the shm transport (and one_shot a message that fits its
+  // slot, two_shot single-copy access); where they cannot run, the next best that can.
+  if (algorithm == Algorithm::kOneShot && (!sharedMemory_ || nbytes > ShmTransport::kSlotBytes)) {
+    return sharedMemory_ ? usable(Algorithm::kTwoShot, nbytes) : Algorithm::kRecursiveDoubling;
+  }
+  if (algorithm == Algorithm::kTwoShot && !(sharedMemory_ && singleCopy_)) {
+    return Algorithm::kRing;
+  }
+  return algorithm;
 }
 
 const char* ProcessGroupTorus::titleOf(const char* collective, Algorithm algorithm) {
@@ -373,6 +413,14 @@ void ProcessGroupTorus::runWorker() {
     Job job;
     {
       std::unique_lock<std::mutex> lock(mutex_);
+      // Spin briefly before sleeping: a caller issuing collectives back to back hands over the
+      // next one within microseconds, and a condition-variable sleep would cost a wake-up.
+      const auto spinUntil = Clock::now() + kSpinBeforeSleep;
+      while (!stopping_ && queue_.empty() && Clock::now() < spinUntil) {
+        lock.unlock();
+        std::this_thread::yield();
+        lock.lock();
+      }
       queueChanged_.wait(lock, [&] { return stopping_ || !queue_.empty(); });
       if (queue_.empty()) {
         return;

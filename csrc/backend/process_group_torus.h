@@ -35,6 +35,8 @@ struct AlgorithmRule {
 
 // Everything the Python shim resolved from TORUS_* variables and pg_options.
 struct TorusConfig {
+  // "tcp", or "shm" when every rank of the group shares this host's memory.
+  std::string transport = "tcp";
   std::string address = "127.0.0.1";
   int64_t chunkBytes = 512 * 1024;
   // Per collective ("allreduce", "allgather", "reduce_scatter", "broadcast"), rules that cover
@@ -48,7 +50,17 @@ struct TorusConfig {
   int logLevel = 0;
 };
 
-enum class Algorithm : uint8_t { kRing, kTorus, kDirect, kRecursiveDoubling, kRabenseifner, kBinomial, kChain };
+enum class Algorithm : uint8_t {
+  kRing,
+  kTorus,
+  kDirect,
+  kRecursiveDoubling,
+  kRabenseifner,
+  kOneShot,
+  kTwoShot,
+  kBinomial,
+  kChain,
+};
 const char* algorithmName(Algorithm algorithm);
 
 class ProcessGroupTorus : public c10d::Backend {
@@ -70,6 +82,8 @@ class ProcessGroupTorus : public c10d::Backend {
   // the largest buffer of the call: allreduce and broadcast its tensor, allgather its output,
   // reduce_scatter its input — as nccl-tests count).
   Algorithm algorithmFor(const std::string& collective, uint64_t nbytes) const;
+  // algorithm, or what runs in its place when this group cannot run it.
+  Algorithm usable(Algorithm algorithm, uint64_t nbytes) const;
 
   c10::intrusive_ptr<c10d::Work> broadcast(std::vector<at::Tensor>& tensors,
                                            const c10d::BroadcastOptions& opts) override;
@@ -157,6 +171,9 @@ class ProcessGroupTorus : public c10d::Backend {
   std::map<std::string, std::vector<SelectionRule>> selection_;
   TorusGrid grid_;
   AllreduceFn torusInner_ = nullptr;
+  // What the shared-memory allreduces need: set when the transport is shm.
+  bool sharedMemory_ = false;
+  bool singleCopy_ = false;
 
   TorusConfig config_;
   std::string groupName_;

@@ -1,5 +1,7 @@
 #include "backend/torus_work.h"
 
+#include <thread>
+
 #include <torch/csrc/distributed/c10d/exception.h>
 
 namespace torus {
@@ -33,14 +35,24 @@ TorusWork::TorusWork(int rank, c10d::OpType opType, const char* profilingTitle, 
       future_(makeTensorListFuture()),
       seq_(seq) {}
 
+bool TorusWork::wait(std::chrono::milliseconds timeout) {
+  const auto spinUntil = Clock::now() + kSpinBeforeSleep;
+  while (!completed_.load(std::memory_order_acquire) && Clock::now() < spinUntil) {
+    std::this_thread::yield();
+  }
+  return c10d::Work::wait(timeout);
+}
+
 void TorusWork::complete() {
   future_->markCompleted(c10::IValue(outputs_));
   finish();
+  completed_.store(true, std::memory_order_release);
 }
 
 void TorusWork::fail(std::exception_ptr error) {
   future_->setError(error);
   finish(error);
+  completed_.store(true, std::memory_order_release);
 }
 
 TorusP2PWork::TorusP2PWork(int rank, c10d::OpType opType, const char* profilingTitle,

@@ -33,6 +33,9 @@ class TorusWork : public c10d::Work {
   uint64_t getSequencenumber() const override {
     return seq_;
   }
+  // Spins briefly (yielding) before sleeping: small collectives finish within microseconds, and
+  // a sleep on the condition variable would cost a wake-up, many more on an oversubscribed host.
+  bool wait(std::chrono::milliseconds timeout) override;
 
   // Called once by the worker thread.
   void complete();
@@ -42,6 +45,7 @@ class TorusWork : public c10d::Work {
   std::vector<at::Tensor> outputs_;
   c10::intrusive_ptr<c10::ivalue::Future> future_;
   const uint64_t seq_;
+  std::atomic<bool> completed_{false};
 };
 
 class TorusP2PWork : public c10d::Work {

@@ -22,3 +22,5 @@ using AllreduceFn = void (*)(Comm&, void* buf, size_t count, const Reducer&, con
 #include "collectives/recursive_doubling_allreduce.h"
 #include "collectives/ring_allreduce.h"
 #include "collectives/torus_allreduce.h"
+#include "collectives/one_shot_allreduce.h"
+#include "collectives/two_shot_allreduce.h"

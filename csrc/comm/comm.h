@@ -10,6 +10,8 @@
 
 namespace torus {
 
+class ShmTransport;
+
 class Comm {
  public:
   // members[i] is the transport rank of this Comm's rank i; self is this process's index.
@@ -49,6 +51,10 @@ class Comm {
   // Full duplex: sends to `to` while receiving from `from`.
   void sendRecv(int to, const void* sendBuf, size_t sendBytes, int from, void* recvBuf,
                 size_t recvBytes);
+
+  // The shared-memory transport under this Comm when the Comm spans all of its ranks in order
+  // (what one_shot and two_shot allreduce need); nullptr otherwise.
+  ShmTransport* sharedMemory() const;
 
   // A Comm over a subset of this one's ranks (given as this Comm's ranks, in order); this
   // process must be among them. Shares the transport, tag and deadline.

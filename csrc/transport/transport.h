@@ -19,6 +19,10 @@ namespace torus {
 using Clock = std::chrono::steady_clock;
 using Deadline = Clock::time_point;
 
+// How long a wait spins, yielding the core, before it sleeps: long enough to catch a peer that
+// answers within microseconds, short enough not to burn an oversubscribed host's cores.
+constexpr auto kSpinBeforeSleep = std::chrono::microseconds(50);
+
 // Failures that end a collective. The backend turns kPeer and kTimeout into
 // torch.distributed.DistBackendError.
 class CommError : public std::runtime_error {

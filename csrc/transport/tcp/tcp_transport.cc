@@ -27,7 +27,6 @@ struct WireHeader {
 };
 
 constexpr uint32_t kHelloMagic = 0x746f7275; // "toru"
-constexpr auto kSpinBeforeSleep = std::chrono::microseconds(50);
 
 struct Hello {
   uint32_t magic;
@@ -493,26 +492,37 @@ void TcpTransport::deliver(Pair& pair, uint64_t tag, std::vector<char>&& payload
   pair.arrived[tag].push_back(std::move(payload));
 }
 
-void TcpTransport::failPair(Pair& pair, const std::string& why) {
-  if (!pair.failure.empty()) {
-    return;
-  }
-  pair.failure = why;
+void TcpTransport::failPending(Pair& pair, CommError::Kind kind, const std::string& why) {
   for (auto& op : pair.sends) {
-    op->fail(CommError::Kind::kPeer, why);
+    op->fail(kind, why);
   }
   pair.sends.clear();
   for (auto& entry : pair.posted) {
     for (auto& op : entry.second) {
-      op->fail(CommError::Kind::kPeer, why);
+      op->fail(kind, why);
     }
   }
   pair.posted.clear();
   if (pair.target) {
-    pair.target->fail(CommError::Kind::kPeer, why);
+    pair.target->fail(kind, why);
     pair.target.reset();
+    pair.discard = true;
   }
-  // A group with a dead member cannot finish any collective: fail receives from any peer too.
+}
+
+void TcpTransport::failPair(Pair& pair, const std::string& why) {
+  if (!pair.failure.empty()) {
+    return;
+  }
+  // A group with a dead member cannot finish any collective: every pending request fails and
+  // names it, including those with live peers (which may wait on something the dead rank owed),
+  // and the transport stops, as after abort(), so no request touches a buffer afterwards.
+  for (auto& other : pairs_) {
+    if (other) {
+      failPending(*other, CommError::Kind::kPeer, why);
+      other->failure = why;
+    }
+  }
   for (auto& entry : anyPeerReceives_) {
     for (auto& op : entry.second) {
       op->fail(CommError::Kind::kPeer, why);

@@ -63,6 +63,7 @@ class TcpTransport : public Transport {
   bool tryRecv(Pair& pair);
   void deliver(Pair& pair, uint64_t tag, std::vector<char>&& payload);
   std::shared_ptr<Op> matchPosted(Pair& pair, uint64_t tag);
+  void failPending(Pair& pair, CommError::Kind kind, const std::string& why);
   void failPair(Pair& pair, const std::string& why);
   void wake();
   void throwIfFailed(const Op& op) const;

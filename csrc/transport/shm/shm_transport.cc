@@ -1,0 +1,869 @@
+#include "transport/shm/shm_transport.h"
+
+#include <fcntl.h>
+#include <linux/futex.h>
+#include <poll.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <sys/syscall.h>
+#include <sys/uio.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <climits>
+#include <cstring>
+#include <sstream>
+#include <thread>
+
+namespace torus {
+
+namespace {
+
+constexpr uint64_t kSegmentMagic = 0x746f7275732d7368; // "torus-sh"
+constexpr size_t kLine = 64;
+// The longest a wait sleeps before it checks that its peers are alive.
+constexpr auto kLivenessPeriod = std::chrono::milliseconds(100);
+
+enum MessageKind : uint32_t { kEager = 1, kSingleCopy = 2, kAck = 3 };
+
+// One ring entry's header; eager payloads follow it, padded to whole lines.
+struct alignas(kLine) MessageHeader {
+  uint64_t tag;
+  uint64_t nbytes;
+  uint64_t address; // kSingleCopy: where the payload is in the sender's memory
+  uint64_t sequence; // kSingleCopy and kAck: which single-copy send this is
+  uint32_t kind;
+};
+static_assert(sizeof(MessageHeader) == kLine, "ring entries stay line-aligned");
+
+struct alignas(kLine) SharedPosting {
+  std::atomic<uint64_t> epoch;
+  uint64_t address;
+  uint64_t nbytes;
+  uint64_t signature;
+};
+
+struct ControlBlock {
+  uint64_t magic;
+  int32_t pid;
+  alignas(kLine) std::atomic<uint32_t> doorbell;
+  std::atomic<uint32_t> sleepers;
+  alignas(kLine) std::atomic<uint64_t> delivered;
+  SharedPosting postings[2];
+};
+
+// Written by one peer (the producer), read by the segment's owner.
+struct SharedRing {
+  alignas(kLine) std::atomic<uint64_t> head; // bytes written, ever
+  alignas(kLine) std::atomic<uint64_t> tail; // bytes consumed, ever
+  alignas(kLine) std::atomic<uint32_t> producerWaiting;
+  alignas(kLine) char data[ShmTransport::kRingBytes];
+};
+
+constexpr size_t roundUp(size_t n, size_t to) {
+  return (n + to - 1) / to * to;
+}
+constexpr size_t kSlotsOffset = roundUp(sizeof(ControlBlock), 4096);
+constexpr size_t kRingsOffset = kSlotsOffset + 2 * ShmTransport::kSlotBytes;
+
+size_t segmentBytes(int size) {
+  return kRingsOffset + static_cast<size_t>(size) * sizeof(SharedRing);
+}
+
+std::string systemError(const std::string& what) {
+  return what + ": " + std::strerror(errno);
+}
+
+void futexWait(std::atomic<uint32_t>* word, uint32_t expected, std::chrono::nanoseconds timeout) {
+  timespec ts{static_cast<time_t>(timeout.count() / 1000000000), static_cast<long>(timeout.count() % 1000000000)};
+  // Not FUTEX_PRIVATE: the word lives in memory shared between processes.
+  ::syscall(SYS_futex, reinterpret_cast<uint32_t*>(word), FUTEX_WAIT, expected, &ts, nullptr, 0);
+}
+
+void futexWake(std::atomic<uint32_t>* word) {
+  ::syscall(SYS_futex, reinterpret_cast<uint32_t*>(word), FUTEX_WAKE, INT_MAX, nullptr, nullptr, 0);
+}
+
+std::chrono::nanoseconds sleepFor(Deadline deadline) {
+  auto left = deadline == Deadline::max() ? std::chrono::nanoseconds(kLivenessPeriod) : deadline - Clock::now();
+  return std::max(std::chrono::nanoseconds(0),
+                  std::min<std::chrono::nanoseconds>(left, std::chrono::nanoseconds(kLivenessPeriod)));
+}
+
+// Copies n bytes into a ring at position pos (which may wrap), or out of it.
+void copyIn(char* ring, uint64_t pos, const char* src, size_t n) {
+  size_t at = pos % ShmTransport::kRingBytes;
+  size_t first = std::min(n, ShmTransport::kRingBytes - at);
+  std::memcpy(ring + at, src, first);
+  std::memcpy(ring, src + first, n - first);
+}
+
+void copyOut(char* dst, const char* ring, uint64_t pos, size_t n) {
+  size_t at = pos % ShmTransport::kRingBytes;
+  size_t first = std::min(n, ShmTransport::kRingBytes - at);
+  std::memcpy(dst, ring + at, first);
+  std::memcpy(dst + first, ring, n - first);
+}
+
+std::string mismatch(int peer, size_t sent, size_t expected) {
+  return "message from rank " + std::to_string(peer) + " has " + std::to_string(sent) + " bytes where " +
+         std::to_string(expected) + " were expected";
+}
+
+} // namespace
+
+// A mapping of one rank's segment (this rank's own, or a peer's).
+struct ShmTransport::Segment {
+  char* base = nullptr;
+  size_t bytes = 0;
+
+  ~Segment() {
+    if (base != nullptr) {
+      ::munmap(base, bytes);
+    }
+  }
+  ControlBlock* control() const {
+    return reinterpret_cast<ControlBlock*>(base);
+  }
+  char* slot(uint64_t epoch) const {
+    return base + kSlotsOffset + (epoch & 1) * kSlotBytes;
+  }
+  // The ring that rank `producer` writes into this segment.
+  SharedRing* ring(int producer) const {
+    return reinterpret_cast<SharedRing*>(base + kRingsOffset) + producer;
+  }
+};
+
+struct ShmTransport::Op : Request {
+  bool isSend = false;
+  int peerRank = 0;
+  uint64_t tag = 0;
+  char* buf = nullptr;
+  size_t nbytes = 0;
+  MessageHeader header{};
+  bool complete = false;
+  std::string error;
+  CommError::Kind errorKind = CommError::Kind::kPeer;
+
+  int peer() const override {
+    return peerRank;
+  }
+  void fail(CommError::Kind kind, const std::string& why) {
+    if (!complete) {
+      complete = true;
+      errorKind = kind;
+      error = why;
+    }
+  }
+};
+
+struct ShmTransport::Peer {
+  int rank = -1;
+  int pid = 0;
+  int pidfd = -1;
+  Segment segment;
+  // The peer reads single-copy messages from this process.
+  bool readsSingleCopy = false;
+  std::string failure;
+
+  // Sending: entries go into the ring this rank owns in the peer's segment, in order; the head
+  // entry may be partly written (an eager payload larger than the free space).
+  std::deque<std::shared_ptr<Op>> sends;
+  size_t headWritten = 0; // of the head entry, header included
+  uint64_t sendPos = 0;
+  uint64_t nextSequence = 0;
+  std::map<uint64_t, std::shared_ptr<Op>> awaitingAck;
+
+  // Receiving from the peer's ring in this rank's segment.
+  uint64_t recvPos = 0;
+  bool inPayload = false;
+  MessageHeader header{};
+  size_t payloadRead = 0; // padding included
+  std::shared_ptr<Op> target;
+  bool discard = false;
+  std::vector<char> holding;
+
+  // Messages nobody asked for yet: eager payloads, or single-copy descriptors (header only).
+  struct Held {
+    MessageHeader header;
+    std::vector<char> payload;
+  };
+  std::map<uint64_t, std::deque<std::shared_ptr<Op>>> posted;
+  std::map<uint64_t, std::deque<Held>> arrived;
+
+  SharedRing* outRing = nullptr; // in the peer's segment
+  SharedRing* inRing = nullptr; // in this rank's segment
+
+  ~Peer() {
+    if (pidfd >= 0) {
+      ::close(pidfd);
+    }
+  }
+};
+
+ShmTransport::ShmTransport(int rank, int size, Rendezvous& rendezvous)
+    : rank_(rank), size_(size), self_(std::make_unique<Segment>()), peers_(static_cast<size_t>(size)) {
+  connectAll(rendezvous);
+}
+
+ShmTransport::~ShmTransport() = default;
+
+void ShmTransport::connectAll(Rendezvous& rendezvous) {
+  const size_t bytes = segmentBytes(size_);
+  int fd = ::memfd_create(("torus-rank" + std::to_string(rank_)).c_str(), MFD_CLOEXEC);
+  if (fd < 0) {
+    throw CommError(CommError::Kind::kPeer, systemError("torus: memfd_create"));
+  }
+  struct FdCloser {
+    int fd;
+    ~FdCloser() {
+      ::close(fd);
+    }
+  } closer{fd};
+  if (::ftruncate(fd, static_cast<off_t>(bytes)) != 0) {
+    throw CommError(CommError::Kind::kPeer, systemError("torus: cannot size the shared memory segment"));
+  }
+  void* base = ::mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+  if (base == MAP_FAILED) {
+    throw CommError(CommError::Kind::kPeer, systemError("torus: cannot map the shared memory segment"));
+  }
+  self_->base = static_cast<char*>(base);
+  self_->bytes = bytes;
+  self_->control()->magic = kSegmentMagic;
+  self_->control()->pid = static_cast<int32_t>(::getpid());
+  std::ostringstream mine;
+  mine << ::getpid() << ' ' << fd << ' ' << bytes << ' ' << reinterpret_cast<uintptr_t>(base);
+  rendezvous.set("shm/" + std::to_string(rank_), mine.str());
+
+  bool readsAll = true;
+  for (int r = 0; r < size_; ++r) {
+    if (r == rank_) {
+      continue;
+    }
+    auto peer = std::make_unique<Peer>();
+    peer->rank = r;
+    std::istringstream theirs(rendezvous.get("shm/" + std::to_string(r)));
+    int peerFd = -1;
+    size_t peerBytes = 0;
+    uintptr_t peerBase = 0;
+    theirs >> peer->pid >> peerFd >> peerBytes >> peerBase;
+    const std::string path = "/proc/" + std::to_string(peer->pid) + "/fd/" + std::to_string(peerFd);
+    int mapped = ::open(path.c_str(), O_RDWR | O_CLOEXEC);
+    if (mapped < 0) {
+      throw CommError(CommError::Kind::kPeer,
+                      systemError("torus: rank " + std::to_string(rank_) + " cannot open rank " + std::to_string(r) +
+                                  "'s shared memory (" + path + "); shared memory needs the ranks on one host in one "
+                                  "pid namespace (TORUS_HOST_ID may have grouped ranks that are not): set "
+                                  "TORUS_TRANSPORT=tcp"));
+    }
+    void* at = ::mmap(nullptr, peerBytes, PROT_READ | PROT_WRITE, MAP_SHARED, mapped, 0);
+    ::close(mapped);
+    if (at == MAP_FAILED || peerBytes != bytes) {
+      throw CommError(CommError::Kind::kPeer, "torus: cannot map rank " + std::to_string(r) + "'s shared memory");
+    }
+    peer->segment.base = static_cast<char*>(at);
+    peer->segment.bytes = peerBytes;
+    if (peer->segment.control()->magic != kSegmentMagic) {
+      throw CommError(CommError::Kind::kPeer, "torus: rank " + std::to_string(r) + "'s shared memory is not a torus "
+                                              "segment");
+    }
+    peer->pidfd = static_cast<int>(::syscall(SYS_pidfd_open, peer->pid, 0));
+    peer->outRing = peer->segment.ring(rank_);
+    peer->inRing = self_->ring(r);
+    // Can this process read the peer's memory directly? Probe with the peer's magic number.
+    uint64_t probe = 0;
+    iovec local{&probe, sizeof(probe)};
+    iovec remote{reinterpret_cast<void*>(peerBase), sizeof(probe)};
+    readsAll = readsAll && ::process_vm_readv(peer->pid, &local, 1, &remote, 1, 0) == sizeof(probe) &&
+               probe == kSegmentMagic;
+    peers_[r] = std::move(peer);
+  }
+  // Every rank has mapped every segment once all have published this key, so the fds (the only
+  // handles left besides the mappings) can close.
+  rendezvous.set("shm/ready/" + std::to_string(rank_), readsAll ? "1" : "0");
+  singleCopy_ = readsAll;
+  for (auto& peer : peers_) {
+    if (peer) {
+      peer->readsSingleCopy = rendezvous.get("shm/ready/" + std::to_string(peer->rank)) == "1";
+      singleCopy_ = singleCopy_ && peer->readsSingleCopy;
+    }
+  }
+}
+
+RequestPtr ShmTransport::isend(int peer, uint64_t tag, const void* buf, size_t nbytes) {
+  if (peer < 0 || peer >= size_ || peer == rank_) {
+    throw std::invalid_argument("torus: invalid send peer " + std::to_string(peer));
+  }
+  auto op = std::make_shared<Op>();
+  op->isSend = true;
+  op->peerRank = peer;
+  op->tag = tag;
+  op->buf = const_cast<char*>(static_cast<const char*>(buf));
+  op->nbytes = nbytes;
+  std::lock_guard<std::mutex> lock(mutex_);
+  Peer& p = *peers_[peer];
+  const bool singleCopy = p.readsSingleCopy && nbytes > kSingleCopyBytes;
+  op->header = MessageHeader{tag, nbytes, singleCopy ? reinterpret_cast<uint64_t>(buf) : 0,
+                             singleCopy ? ++p.nextSequence : 0, singleCopy ? kSingleCopy : kEager};
+  if (!abortReason_.empty()) {
+    op->fail(CommError::Kind::kAborted, abortReason_);
+  } else if (!p.failure.empty()) {
+    op->fail(CommError::Kind::kPeer, p.failure);
+  } else {
+    p.sends.push_back(op);
+    if (p.sends.size() == 1) {
+      trySend(p);
+    }
+  }
+  return op;
+}
+
+void ShmTransport::readSingleCopy(Peer& peer, Op& op, uint64_t address) {
+  size_t done = 0;
+  while (done < op.nbytes) {
+    iovec local{op.buf + done, op.nbytes - done};
+    iovec remote{reinterpret_cast<void*>(address + done), op.nbytes - done};
+    ssize_t got = ::process_vm_readv(peer.pid, &local, 1, &remote, 1, 0);
+    if (got <= 0) {
+      op.fail(CommError::Kind::kPeer, systemError("cannot read rank " + std::to_string(peer.rank) + "'s memory"));
+      return;
+    }
+    done += static_cast<size_t>(got);
+  }
+  op.complete = true;
+}
+
+void ShmTransport::queueAck(Peer& peer, uint64_t sequence) {
+  auto ack = std::make_shared<Op>();
+  ack->isSend = true;
+  ack->peerRank = peer.rank;
+  ack->header = MessageHeader{0, 0, 0, sequence, kAck};
+  peer.sends.push_back(ack);
+  if (peer.sends.size() == 1) {
+    trySend(peer);
+  }
+}
+
+RequestPtr ShmTransport::irecv(int peer, uint64_t tag, void* buf, size_t nbytes) {
+  if (peer != kAnyPeer && (peer < 0 || peer >= size_ || peer == rank_)) {
+    throw std::invalid_argument("torus: invalid receive peer " + std::to_string(peer));
+  }
+  auto op = std::make_shared<Op>();
+  op->peerRank = peer;
+  op->tag = tag;
+  op->buf = static_cast<char*>(buf);
+  op->nbytes = nbytes;
+  std::lock_guard<std::mutex> lock(mutex_);
+  if (!abortReason_.empty()) {
+    op->fail(CommError::Kind::kAborted, abortReason_);
+    return op;
+  }
+  auto takeArrived = [&](Peer& p) {
+    auto it = p.arrived.find(tag);
+    if (it == p.arrived.end()) {
+      return false;
+    }
+    Peer::Held held = std::move(it->second.front());
+    it->second.pop_front();
+    if (it->second.empty()) {
+      p.arrived.erase(it);
+    }
+    op->peerRank = p.rank;
+    if (held.header.nbytes != nbytes) {
+      op->fail(CommError::Kind::kMismatch, mismatch(p.rank, held.header.nbytes, nbytes));
+    } else if (held.header.kind == kSingleCopy) {
+      readSingleCopy(p, *op, held.header.address);
+    } else {
+      std::memcpy(buf, held.payload.data(), nbytes);
+      op->complete = true;
+    }
+    if (held.header.kind == kSingleCopy) {
+      queueAck(p, held.header.sequence);
+    }
+    return true;
+  };
+  if (peer == kAnyPeer) {
+    for (auto& p : peers_) {
+      if (p && takeArrived(*p)) {
+        return op;
+      }
+    }
+    anyPeerReceives_[tag].push_back(op);
+    return op;
+  }
+  Peer& p = *peers_[peer];
+  if (takeArrived(p)) {
+    return op;
+  }
+  if (!p.failure.empty()) {
+    op->fail(CommError::Kind::kPeer, p.failure);
+    return op;
+  }
+  p.posted[tag].push_back(op);
+  return op;
+}
+
+std::shared_ptr<ShmTransport::Op> ShmTransport::matchPosted(Peer& peer, uint64_t tag) {
+  for (auto* queues : {&peer.posted, &anyPeerReceives_}) {
+    auto it = queues->find(tag);
+    if (it != queues->end()) {
+      auto op = std::move(it->second.front());
+      it->second.pop_front();
+      if (it->second.empty()) {
+        queues->erase(it);
+      }
+      op->peerRank = peer.rank;
+      return op;
+    }
+  }
+  return nullptr;
+}
+
+bool ShmTransport::trySend(Peer& peer) {
+  bool completed = false;
+  SharedRing& ring = *peer.outRing;
+  const uint64_t start = peer.sendPos;
+  while (!peer.sends.empty() && peer.failure.empty()) {
+    Op& op = *peer.sends.front();
+    uint64_t free = kRingBytes - (peer.sendPos - ring.tail.load(std::memory_order_acquire));
+    if (free < kLine) {
+      // Ask the consumer to ring us when it frees space, then look again in case it just did.
+      ring.producerWaiting.store(1, std::memory_order_seq_cst);
+      free = kRingBytes - (peer.sendPos - ring.tail.load(std::memory_order_seq_cst));
+      if (free < kLine) {
+        break;
+      }
+    }
+    if (peer.headWritten == 0) {
+      copyIn(ring.data, peer.sendPos, reinterpret_cast<const char*>(&op.header), kLine);
+      peer.sendPos += kLine;
+      peer.headWritten = kLine;
+      free -= kLine;
+      if (op.header.kind != kEager) {
+        if (op.header.kind == kSingleCopy) {
+          peer.awaitingAck[op.header.sequence] = peer.sends.front();
+        } else {
+          completed = true;
+        }
+        op.complete = op.header.kind == kAck;
+        peer.sends.pop_front();
+        peer.headWritten = 0;
+        continue;
+      }
+    }
+    const size_t padded = roundUp(op.nbytes, kLine);
+    const size_t written = peer.headWritten - kLine;
+    const size_t n = std::min<size_t>(free, padded - written);
+    if (written < op.nbytes) {
+      copyIn(ring.data, peer.sendPos, op.buf + written, std::min(n, op.nbytes - written));
+    }
+    peer.sendPos += n;
+    peer.headWritten += n;
+    if (written + n == padded) {
+      op.complete = true;
+      completed = true;
+      peer.sends.pop_front();
+      peer.headWritten = 0;
+    } else {
+      ring.producerWaiting.store(1, std::memory_order_seq_cst);
+      if (kRingBytes - (peer.sendPos - ring.tail.load(std::memory_order_seq_cst)) == 0) {
+        break;
+      }
+    }
+  }
+  if (peer.sendPos != start) {
+    ring.head.store(peer.sendPos, std::memory_order_release);
+    this->ring(peer.rank);
+  }
+  return completed;
+}
+
+bool ShmTransport::tryRecv(Peer& peer) {
+  bool completed = false;
+  SharedRing& ring = *peer.inRing;
+  const uint64_t start = peer.recvPos;
+  uint64_t head = ring.head.load(std::memory_order_acquire);
+  while (peer.failure.empty()) {
+    uint64_t available = head - peer.recvPos;
+    if (!peer.inPayload) {
+      if (available < kLine) {
+        break;
+      }
+      MessageHeader header;
+      copyOut(reinterpret_cast<char*>(&header), ring.data, peer.recvPos, kLine);
+      peer.recvPos += kLine;
+      if (header.kind == kAck) {
+        auto it = peer.awaitingAck.find(header.sequence);
+        if (it != peer.awaitingAck.end()) {
+          it->second->complete = true;
+          peer.awaitingAck.erase(it);
+          completed = true;
+        }
+        continue;
+      }
+      auto target = matchPosted(peer, header.tag);
+      if (target && target->nbytes != header.nbytes) {
+        target->fail(CommError::Kind::kMismatch, mismatch(peer.rank, header.nbytes, target->nbytes));
+        completed = true;
+        if (header.kind == kSingleCopy) {
+          queueAck(peer, header.sequence);
+          continue;
+        }
+        target.reset();
+        peer.discard = true;
+      }
+      if (header.kind == kSingleCopy) {
+        if (target) {
+          readSingleCopy(peer, *target, header.address);
+          queueAck(peer, header.sequence);
+          completed = true;
+        } else {
+          peer.arrived[header.tag].push_back({header, {}});
+        }
+        continue;
+      }
+      peer.header = header;
+      peer.inPayload = true;
+      peer.payloadRead = 0;
+      peer.target = std::move(target);
+      if (!peer.target && !peer.discard) {
+        peer.holding.resize(header.nbytes);
+      }
+      available = head - peer.recvPos;
+    }
+    const size_t padded = roundUp(peer.header.nbytes, kLine);
+    const size_t n = std::min<size_t>(available, padded - peer.payloadRead);
+    if (peer.payloadRead < peer.header.nbytes && !peer.discard) {
+      char* base = peer.target ? peer.target->buf : peer.holding.data();
+      copyOut(base + peer.payloadRead, ring.data, peer.recvPos,
+              std::min(n, peer.header.nbytes - peer.payloadRead));
+    }
+    peer.recvPos += n;
+    peer.payloadRead += n;
+    if (peer.payloadRead < padded) {
+      break;
+    }
+    peer.inPayload = false;
+    if (peer.target) {
+      peer.target->complete = true;
+      peer.target.reset();
+    } else if (!peer.discard) {
+      auto late = matchPosted(peer, peer.header.tag);
+      if (late && late->nbytes != peer.header.nbytes) {
+        late->fail(CommError::Kind::kMismatch, mismatch(peer.rank, peer.header.nbytes, late->nbytes));
+      } else if (late) {
+        std::memcpy(late->buf, peer.holding.data(), peer.holding.size());
+        late->complete = true;
+      } else {
+        peer.arrived[peer.header.tag].push_back({peer.header, std::move(peer.holding)});
+      }
+      peer.holding = {};
+    }
+    peer.discard = false;
+    completed = true;
+  }
+  if (peer.recvPos != start) {
+    ring.tail.store(peer.recvPos, std::memory_order_seq_cst);
+    if (ring.producerWaiting.exchange(0, std::memory_order_seq_cst) != 0) {
+      this->ring(peer.rank);
+    }
+  }
+  return completed;
+}
+
+void ShmTransport::ring(int rank) {
+  ControlBlock* control = rank == rank_ ? self_->control() : peers_[rank]->segment.control();
+  control->doorbell.fetch_add(1, std::memory_order_seq_cst);
+  if (control->sleepers.load(std::memory_order_seq_cst) > 0) {
+    futexWake(&control->doorbell);
+  }
+}
+
+void ShmTransport::failPending(Peer& peer, CommError::Kind kind, const std::string& why) {
+  for (auto& op : peer.sends) {
+    op->fail(kind, why);
+  }
+  peer.sends.clear();
+  peer.headWritten = 0;
+  for (auto& entry : peer.awaitingAck) {
+    entry.second->fail(kind, why);
+  }
+  peer.awaitingAck.clear();
+  for (auto& entry : peer.posted) {
+    for (auto& op : entry.second) {
+      op->fail(kind, why);
+    }
+  }
+  peer.posted.clear();
+  if (peer.target) {
+    peer.target->fail(kind, why);
+    peer.target.reset();
+    peer.discard = true;
+  }
+}
+
+void ShmTransport::failPeer(Peer& peer, const std::string& why) {
+  if (!peer.failure.empty()) {
+    return;
+  }
+  // A group with a dead member cannot finish any collective: every pending request fails and
+  // names it, including those with live peers (which may wait on something the dead rank owed),
+  // and the transport stops, as after abort(), so no request touches a buffer afterwards.
+  for (auto& other : peers_) {
+    if (other) {
+      failPending(*other, CommError::Kind::kPeer, why);
+      other->failure = why;
+    }
+  }
+  for (auto& entry : anyPeerReceives_) {
+    for (auto& op : entry.second) {
+      op->fail(CommError::Kind::kPeer, why);
+    }
+  }
+  anyPeerReceives_.clear();
+  progressed_.notify_all();
+}
+
+void ShmTransport::checkLiveness() {
+  for (auto& peer : peers_) {
+    if (!peer || !peer->failure.empty() || peer->pidfd < 0) {
+      continue;
+    }
+    pollfd pfd{peer->pidfd, POLLIN, 0};
+    if (::poll(&pfd, 1, 0) > 0) {
+      failPeer(*peer, "rank " + std::to_string(peer->rank) + " (pid " + std::to_string(peer->pid) +
+                          ") exited: the process ended or was killed");
+    }
+  }
+}
+
+bool ShmTransport::tryAll() {
+  bool moved = false;
+  for (auto& peer : peers_) {
+    if (peer && peer->failure.empty()) {
+      moved |= tryRecv(*peer);
+      moved |= trySend(*peer);
+    }
+  }
+  return moved;
+}
+
+void ShmTransport::progress(std::unique_lock<std::mutex>& lock, Deadline deadline) {
+  // Spin briefly, yielding the core: the peer we wait for often shares it (more ranks than
+  // cores), and a yield lets it run at once where a futex sleep costs a wake-up.
+  const auto spinUntil = Clock::now() + kSpinBeforeSleep;
+  do {
+    if (tryAll()) {
+      return;
+    }
+    lock.unlock();
+    std::this_thread::yield();
+    lock.lock();
+  } while (Clock::now() < spinUntil);
+  ControlBlock* control = self_->control();
+  const uint32_t seen = control->doorbell.load(std::memory_order_seq_cst);
+  control->sleepers.fetch_add(1, std::memory_order_seq_cst);
+  if (!tryAll() && !aborted_.load()) {
+    lock.unlock();
+    futexWait(&control->doorbell, seen, sleepFor(deadline));
+    lock.lock();
+    if (control->doorbell.load(std::memory_order_seq_cst) == seen) {
+      checkLiveness();
+    }
+  }
+  control->sleepers.fetch_sub(1, std::memory_order_seq_cst);
+}
+
+void ShmTransport::throwIfFailed(const Op& op) const {
+  if (!op.error.empty()) {
+    throw CommError(op.errorKind, op.error);
+  }
+}
+
+std::string ShmTransport::describePending(const std::vector<RequestPtr>& requests) const {
+  std::ostringstream out;
+  const char* separator = "";
+  for (const auto& request : requests) {
+    const auto& op = static_cast<const Op&>(*request);
+    if (op.complete) {
+      continue;
+    }
+    out << separator << (op.isSend ? "send of " : "receive of ") << op.nbytes << " bytes "
+        << (op.isSend ? "to " : "from ");
+    if (op.peerRank == kAnyPeer) {
+      out << "any rank";
+    } else {
+      out << "rank " << op.peerRank;
+    }
+    separator = ", ";
+  }
+  return out.str();
+}
+
+void ShmTransport::wait(const std::vector<RequestPtr>& requests, Deadline deadline) {
+  std::unique_lock<std::mutex> lock(mutex_);
+  for (;;) {
+    bool allComplete = true;
+    for (const auto& request : requests) {
+      const auto& op = static_cast<const Op&>(*request);
+      throwIfFailed(op);
+      allComplete = allComplete && op.complete;
+    }
+    if (allComplete) {
+      return;
+    }
+    if (Clock::now() >= deadline) {
+      throw CommError(CommError::Kind::kTimeout, "timed out waiting for " + describePending(requests));
+    }
+    if (!progressing_) {
+      progressing_ = true;
+      progress(lock, deadline);
+      progressing_ = false;
+      progressed_.notify_all();
+    } else {
+      progressed_.wait_until(lock, std::min(deadline, Clock::now() + std::chrono::seconds(1)));
+    }
+  }
+}
+
+bool ShmTransport::test(const RequestPtr& request) {
+  std::unique_lock<std::mutex> lock(mutex_);
+  const auto& op = static_cast<const Op&>(*request);
+  if (!op.complete && !progressing_) {
+    tryAll();
+  }
+  throwIfFailed(op);
+  return op.complete;
+}
+
+void ShmTransport::abort(const std::string& why) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  if (!abortReason_.empty()) {
+    return;
+  }
+  abortReason_ = why;
+  aborted_.store(true);
+  for (auto& peer : peers_) {
+    if (peer) {
+      failPending(*peer, CommError::Kind::kAborted, why);
+      peer->failure = why;
+    }
+  }
+  for (auto& entry : anyPeerReceives_) {
+    for (auto& op : entry.second) {
+      op->fail(CommError::Kind::kAborted, why);
+    }
+  }
+  anyPeerReceives_.clear();
+  ring(rank_);
+  progressed_.notify_all();
+}
+
+// ---- Collective support ----
+
+char* ShmTransport::slot(int rank, uint64_t epoch) const {
+  return rank == rank_ ? self_->slot(epoch) : peers_[rank]->segment.slot(epoch);
+}
+
+void ShmTransport::post(const Posting& posting) {
+  SharedPosting& shared = self_->control()->postings[posting.epoch & 1];
+  shared.address = posting.address;
+  shared.nbytes = posting.nbytes;
+  shared.signature = posting.signature;
+  shared.epoch.store(posting.epoch, std::memory_order_release);
+  for (auto& peer : peers_) {
+    if (peer) {
+      ring(peer->rank);
+    }
+  }
+}
+
+template <typename Ready>
+void ShmTransport::waitUntil(Ready ready, Deadline deadline, const std::function<std::string()>& waitingFor) {
+  const auto spinUntil = Clock::now() + kSpinBeforeSleep;
+  while (Clock::now() < spinUntil) {
+    if (ready()) {
+      return;
+    }
+    std::this_thread::yield();
+  }
+  ControlBlock* control = self_->control();
+  for (;;) {
+    if (ready()) {
+      return;
+    }
+    if (aborted_.load()) {
+      std::lock_guard<std::mutex> lock(mutex_);
+      throw CommError(CommError::Kind::kAborted, abortReason_);
+    }
+    if (Clock::now() >= deadline) {
+      throw CommError(CommError::Kind::kTimeout, "timed out waiting for " + waitingFor());
+    }
+    const uint32_t seen = control->doorbell.load(std::memory_order_seq_cst);
+    control->sleepers.fetch_add(1, std::memory_order_seq_cst);
+    if (!ready()) {
+      futexWait(&control->doorbell, seen, sleepFor(deadline));
+    }
+    control->sleepers.fetch_sub(1, std::memory_order_seq_cst);
+    if (control->doorbell.load(std::memory_order_seq_cst) == seen) {
+      // Nothing happened for a while: is everyone we may be waiting for still alive?
+      std::lock_guard<std::mutex> lock(mutex_);
+      checkLiveness();
+      for (auto& peer : peers_) {
+        if (peer && !peer->failure.empty()) {
+          throw CommError(CommError::Kind::kPeer, peer->failure);
+        }
+      }
+    }
+  }
+}
+
+ShmTransport::Posting ShmTransport::waitPosted(int peer, uint64_t epoch, Deadline deadline) {
+  SharedPosting& shared = peers_[peer]->segment.control()->postings[epoch & 1];
+  waitUntil([&] { return shared.epoch.load(std::memory_order_acquire) >= epoch; }, deadline,
+            [&] { return "rank " + std::to_string(peer) + " to join shared-memory collective #" + std::to_string(epoch); });
+  return Posting{epoch, shared.address, shared.nbytes, shared.signature};
+}
+
+void ShmTransport::readPeer(int peer, uint64_t address, void* dst, size_t nbytes) {
+  size_t done = 0;
+  while (done < nbytes) {
+    iovec local{static_cast<char*>(dst) + done, nbytes - done};
+    iovec remote{reinterpret_cast<void*>(address + done), nbytes - done};
+    ssize_t got = ::process_vm_readv(peers_[peer]->pid, &local, 1, &remote, 1, 0);
+    if (got <= 0) {
+      throw CommError(CommError::Kind::kPeer, systemError("cannot read rank " + std::to_string(peer) + "'s memory"));
+    }
+    done += static_cast<size_t>(got);
+  }
+}
+
+void ShmTransport::writePeer(int peer, uint64_t address, const void* src, size_t nbytes) {
+  size_t done = 0;
+  while (done < nbytes) {
+    iovec local{const_cast<char*>(static_cast<const char*>(src)) + done, nbytes - done};
+    iovec remote{reinterpret_cast<void*>(address + done), nbytes - done};
+    ssize_t got = ::process_vm_writev(peers_[peer]->pid, &local, 1, &remote, 1, 0);
+    if (got <= 0) {
+      throw CommError(CommError::Kind::kPeer, systemError("cannot write rank " + std::to_string(peer) + "'s memory"));
+    }
+    done += static_cast<size_t>(got);
+  }
+}
+
+void ShmTransport::signalDelivered(int peer) {
+  peers_[peer]->segment.control()->delivered.fetch_add(1, std::memory_order_release);
+  ring(peer);
+}
+
+void ShmTransport::waitDeliveries(uint64_t count, Deadline deadline) {
+  deliveriesAwaited_ += count;
+  const uint64_t total = deliveriesAwaited_;
+  std::atomic<uint64_t>& delivered = self_->control()->delivered;
+  waitUntil([&] { return delivered.load(std::memory_order_acquire) >= total; }, deadline, [&] {
+    return std::to_string(total - delivered.load()) + " more slice(s) from peers in a shared-memory collective";
+  });
+}
+
+} // namespace torus

@@ -1,0 +1,142 @@
+// ShmTransport: ranks of one host exchange messages through shared memory, and large messages
+// with a single copy between the two processes' own buffers.
+//
+// Each rank creates one segment (a memfd, so it never has a name in /dev/shm) holding its
+// control block, the one-shot slots, and one inbound ring per peer. Peers open it through
+// /proc/<pid>/fd/<fd> while the creator still holds the fd, map it, and then nobody holds a
+// name for it: when the last process that maps it exits — even by SIGKILL — the kernel frees it.
+//
+// Point-to-point (the Transport interface): a message is a 64-byte header in the receiver's ring
+// for the sender, then, for small messages, the payload. A message above kSingleCopyBytes, when
+// the receiver can read the sender's memory (process_vm_readv, "CMA"), carries only the sender's
+// address: the receiver copies the payload straight from the sender's buffer into its own and
+// sends an acknowledgement back, which completes the send. Otherwise the payload streams through
+// the ring, so staging is the ring's size however large the message.
+//
+// Collective support (one_shot and two_shot allreduce): every rank posts {epoch, address, bytes,
+// signature} in its control block; peers read one-shot slots directly and, with CMA, each other's
+// buffers. Epochs count shm collectives in issue order, which is the same on every rank.
+//
+// Waiting: spin for a few tens of microseconds yielding the core, then sleep on a futex in the
+// waiter's control block ("doorbell"); whoever writes what a rank may wait for bumps that
+// rank's doorbell and wakes it if it sleeps. Sleeps last at most kLivenessPeriod, after which
+// peers' liveness is checked through pidfds, so a dead peer fails waits instead of hanging them.
+#pragma once
+
+#include <atomic>
+#include <condition_variable>
+#include <deque>
+#include <functional>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "transport/rendezvous.h"
+#include "transport/transport.h"
+
+namespace torus {
+
+class ShmTransport : public Transport {
+ public:
+  // Messages above this size go by single copy when the receiver can read the sender's memory.
+  static constexpr size_t kSingleCopyBytes = 64 * 1024;
+  // Inbound ring per peer.
+  static constexpr size_t kRingBytes = 512 * 1024;
+  // Each one-shot slot (there are two, used by alternate epochs).
+  static constexpr size_t kSlotBytes = 512 * 1024;
+
+  // Setup is bounded by the rendezvous store's own timeout.
+  ShmTransport(int rank, int size, Rendezvous& rendezvous);
+  ~ShmTransport() override;
+
+  int rank() const override {
+    return rank_;
+  }
+  int size() const override {
+    return size_;
+  }
+
+  RequestPtr isend(int peer, uint64_t tag, const void* buf, size_t nbytes) override;
+  RequestPtr irecv(int peer, uint64_t tag, void* buf, size_t nbytes) override;
+  void wait(const std::vector<RequestPtr>& requests, Deadline deadline) override;
+  bool test(const RequestPtr& request) override;
+  void abort(const std::string& why) override;
+
+  // ---- Collective support: for the worker thread that runs the group's collectives. ----
+
+  // True when this rank can read and write every peer's memory (process_vm_readv/writev) and
+  // every peer can read this rank's: the condition for two_shot.
+  bool singleCopy() const {
+    return singleCopy_;
+  }
+
+  // What a rank announces for one shm collective; peers check their signatures agree.
+  struct Posting {
+    uint64_t epoch = 0;
+    uint64_t address = 0;
+    uint64_t nbytes = 0;
+    uint64_t signature = 0;
+  };
+  // The next epoch: call once per shm collective, on every rank in the same order.
+  uint64_t beginCollective() {
+    return ++epoch_;
+  }
+  // This rank's one-shot slot for `epoch` (kSlotBytes), and a peer's.
+  char* slot(int rank, uint64_t epoch) const;
+  // Announces this rank's posting and wakes peers.
+  void post(const Posting& posting);
+  // Waits until `peer` has posted `epoch` and returns its posting; throws CommError on timeout,
+  // abort or the peer's death.
+  Posting waitPosted(int peer, uint64_t epoch, Deadline deadline);
+  // Copies between this process and a peer's memory (single copy through the kernel).
+  void readPeer(int peer, uint64_t address, void* dst, size_t nbytes);
+  void writePeer(int peer, uint64_t address, const void* src, size_t nbytes);
+  // Counts one delivery into `peer` (a slice written into its buffer) and wakes it.
+  void signalDelivered(int peer);
+  // Waits for `count` more deliveries into this rank than earlier calls waited for.
+  void waitDeliveries(uint64_t count, Deadline deadline);
+
+  struct Op;
+  struct Peer;
+  struct Segment;
+
+ private:
+  void connectAll(Rendezvous& rendezvous);
+  // Waits, spinning then sleeping on this rank's doorbell, until ready() (called without the
+  // transport's lock) returns true. Throws on deadline, abort, or a dead peer.
+  template <typename Ready>
+  void waitUntil(Ready ready, Deadline deadline, const std::function<std::string()>& waitingFor);
+  void progress(std::unique_lock<std::mutex>& lock, Deadline deadline);
+  bool tryAll();
+  bool trySend(Peer& peer);
+  bool tryRecv(Peer& peer);
+  void readSingleCopy(Peer& peer, Op& op, uint64_t address);
+  void queueAck(Peer& peer, uint64_t sequence);
+  std::shared_ptr<Op> matchPosted(Peer& peer, uint64_t tag);
+  void deliverHeld(Peer& peer, Op& op);
+  void failPending(Peer& peer, CommError::Kind kind, const std::string& why);
+  void failPeer(Peer& peer, const std::string& why);
+  void checkLiveness();
+  void ring(int peer);
+  void throwIfFailed(const Op& op) const;
+  std::string describePending(const std::vector<RequestPtr>& requests) const;
+
+  const int rank_;
+  const int size_;
+  std::unique_ptr<Segment> self_;
+  std::vector<std::unique_ptr<Peer>> peers_; // indexed by rank; null for self
+  bool singleCopy_ = false;
+  uint64_t epoch_ = 0;
+  uint64_t deliveriesAwaited_ = 0;
+
+  mutable std::mutex mutex_;
+  std::condition_variable progressed_;
+  bool progressing_ = false;
+  std::atomic<bool> aborted_{false};
+  std::string abortReason_;
+  std::map<uint64_t, std::deque<std::shared_ptr<Op>>> anyPeerReceives_;
+};
+
+} // namespace torus
