@@ -63,9 +63,8 @@ def test_bench_with_mpi_contender_under_mpiexec(tmp_path):
     plotting = importlib.util.find_spec("matplotlib") is not None
     if plotting:
         arguments += ["--plot", str(tmp_path / "bench.png")]
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [REPOSITORY,
-                                                                     os.environ.get("PYTHONPATH")])),
-           "OMP_NUM_THREADS": "1",
+    python_path = os.pathsep.join(filter(None, [REPOSITORY, os.environ.get("PYTHONPATH")]))
+    env = {**os.environ, "PYTHONPATH": python_path, "OMP_NUM_THREADS": "1",
            # Open MPI refuses root without both; MPICH ignores them.
            "OMPI_ALLOW_RUN_AS_ROOT": "1", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1"}
     for name in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"):

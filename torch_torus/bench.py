@@ -102,7 +102,7 @@ class Contender:
     algorithm_for: Callable[[str, int, dist.ProcessGroup], str] | None = None
     # The mpi contender's communicator (a duplicate of MPI.COMM_WORLD), instead of a group.
     comm: object | None = None
-    library: str | None = None  # the mpi contender's MPI library and mpi4py versions
+    library: str | None = None  # the mpi contender's: "Open MPI v5.0.11, mpi4py 4.1.2"
 
     def bind(self, collective: Collective, buffers: Buffers, op: str) -> Callable[[], None]:
         """One call of `collective` on `buffers`, ready to repeat: through torch.distributed on
@@ -127,6 +127,11 @@ class Contender:
         if not self.options:
             return self.backend
         return self.backend + ":" + ",".join(f"{key}={value}" for key, value in self.options.items())
+
+    @property
+    def legend(self) -> str:
+        """The label, and for the mpi contender its library: "mpi (Open MPI v5.0.11, ...)"."""
+        return f"{self.label} ({self.library})" if self.library else self.label
 
     def algorithm(self, collective: str, nbytes: int) -> str | None:
         """The algorithm the backend picks for such a call, if it can say."""
@@ -262,7 +267,7 @@ def start_mpi_contender(contender: Contender, launch) -> None:
     contender.comm = MPI.COMM_WORLD.Dup()
     # The first line up to its first comma names the library and version in MPICH and Open MPI.
     library = " ".join(MPI.Get_library_version().splitlines()[0].split(",")[0].split())
-    contender.library = f"{library} (mpi4py {mpi4py.__version__})"
+    contender.library = f"{library}, mpi4py {mpi4py.__version__}"
 
 
 # --------------------------------------------------------------------------------------------
@@ -746,7 +751,7 @@ def write_plot(path: str, collective: Collective, args: argparse.Namespace,
     sizes = [rows[0].size_bytes for rows in rows_by_size]
     for index, contender in enumerate(args.contenders):
         axes.plot(sizes, [rows[index].busbw for rows in rows_by_size], marker="o",
-                  label=contender.label)
+                  label=contender.legend)
     axes.set_xscale("log", base=2)
     axes.xaxis.set_major_formatter(FuncFormatter(lambda size, _: human_size(size)))
     axes.set_xlabel("size (bytes)")

@@ -99,7 +99,8 @@ def _comm_world():
     except ImportError as error:
         raise MpiLaunchError(
             f"agreeing on MASTER_ADDR/MASTER_PORT over MPI needs mpi4py, which does not import "
-            f"({error}): {INSTALL_HINT}; or set MASTER_ADDR and MASTER_PORT for every rank") from error
+            f"({error}): {INSTALL_HINT}; or set MASTER_ADDR and MASTER_PORT for every rank"
+        ) from error
     return MPI.COMM_WORLD
 
 
