@@ -10,9 +10,9 @@ call is), timed the same way, so that torus, gloo and MPI compare in one run:
 
     mpiexec -n 4 python -m torch_torus.bench --backends "torus;gloo;mpi"
 
-Sizes are measured one after another and, at
-each size, every contender in turn, so drift of the machine over a long run hits all contenders
-alike and the ratios printed at the end compare like with like.
+Sizes are measured one after another and, at each size, every contender in turn, so drift of the
+machine over a long run hits all contenders alike and the ratios printed at the end compare like
+with like.
 
 Columns follow nccl-tests (all_reduce_perf and friends):
   size   bytes of the largest buffer one rank passes (for allgather the gathered output,
@@ -228,9 +228,8 @@ MPI_LAUNCH_EXAMPLE = "mpiexec -n 4 python -m torch_torus.bench --backends 'torus
 
 def init_env_under_mpiexec(contenders: list[Contender]):
     """Under mpiexec, derive torch's env:// variables from MPI's; under torchrun they are set.
-    Returns the MPI launch (a torch_torus.launch.MpiLaunch) when there is one and the mpi
-    contender needs it; that contender needs mpiexec, as under torchrun each process would be
-    an MPI world of its own."""
+    Returns the MPI launch (a torch_torus.launch.MpiLaunch), or None without one. The mpi
+    contender needs mpiexec: under torchrun each process would be an MPI world of its own."""
     wants_mpi = any(contender.backend == MPI_CONTENDER for contender in contenders)
     if "RANK" in os.environ and not wants_mpi:
         return None  # torchrun or another env:// launcher
