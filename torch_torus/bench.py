@@ -4,9 +4,15 @@
         --backends "torus:allreduce=ring,chunk_bytes=1M;torus:allreduce=torus;gloo"
 
 Every contender (a backend, optionally with torus options) gets its own process group, created
-with dist.new_group after a gloo bootstrap group. Sizes are measured one after another and, at
-each size, every contender in turn, so drift of the machine over a long run hits all contenders
-alike and the ratios printed at the end compare like with like.
+with dist.new_group after a gloo bootstrap group. The contender "mpi" is not a torch backend: it
+calls MPI's collectives through mpi4py on numpy views of the same tensors (in place where torch's
+call is), timed the same way, so that torus, gloo and MPI compare in one run:
+
+    mpiexec -n 4 python -m torch_torus.bench --backends "torus;gloo;mpi"
+
+Sizes are measured one after another and, at each size, every contender in turn, so drift of the
+machine over a long run hits all contenders alike and the ratios printed at the end compare like
+with like.
 
 Columns follow nccl-tests (all_reduce_perf and friends):
   size   bytes of the largest buffer one rank passes (for allgather the gathered output,
@@ -19,7 +25,8 @@ Columns follow nccl-tests (all_reduce_perf and friends):
   #wrong elements that differ from the expected result, summed over ranks (--check)
 
 The script runs under torchrun or any launcher that sets the env:// variables (MASTER_ADDR,
-MASTER_PORT, RANK, WORLD_SIZE), both as `-m torch_torus.bench` and as a plain script path.
+MASTER_PORT, RANK, WORLD_SIZE), and under mpiexec (MPICH or Open MPI), from whose variables
+torch_torus.launch derives them; both as `-m torch_torus.bench` and as a plain script path.
 """
 
 from __future__ import annotations
@@ -60,6 +67,11 @@ REDUCE_EXACTLY: dict[str, Callable[[list[int]], float]] = {
     "avg": lambda values: sum(values) / len(values),
 }
 
+# The contender that runs MPI's collectives through mpi4py, and the MPI names of the reduce ops
+# it offers (MPI has no average).
+MPI_CONTENDER = "mpi"
+MPI_REDUCE_OPS = {"sum": "SUM", "prod": "PROD", "min": "MIN", "max": "MAX"}
+
 SIZE_PATTERN = re.compile(r"^\s*(\d+)\s*([kmg]?)(i?b)?\s*$", re.IGNORECASE)
 SIZE_MULTIPLIERS = {"": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30}
 
@@ -88,6 +100,26 @@ class Contender:
     group: dist.ProcessGroup | None = None
     # torch_torus.algorithm_for(collective, nbytes, group) for torus contenders, when it exists.
     algorithm_for: Callable[[str, int, dist.ProcessGroup], str] | None = None
+    # The mpi contender's communicator (a duplicate of MPI.COMM_WORLD), instead of a group.
+    comm: object | None = None
+    library: str | None = None  # the mpi contender's: "Open MPI v5.0.11, mpi4py 4.1.2"
+
+    def bind(self, collective: Collective, buffers: Buffers, op: str) -> Callable[[], None]:
+        """One call of `collective` on `buffers`, ready to repeat: through torch.distributed on
+        the contender's group, or through mpi4py on numpy views of the same tensors."""
+        if self.comm is None:
+            group, reduce_op = self.group, REDUCE_OPS[op]
+            return lambda: collective.call(buffers, group, reduce_op)
+        from mpi4py import MPI
+
+        comm = self.comm
+        mpi_op = getattr(MPI, MPI_REDUCE_OPS[op]) if collective.has_op else None
+        # An in-place collective passes MPI.IN_PLACE as its input, as torch's call passes one
+        # tensor for both.
+        in_place = buffers.input is buffers.output
+        input = MPI.IN_PLACE if in_place else buffers.input.numpy()
+        output = buffers.output.numpy()
+        return lambda: collective.call_mpi(input, output, comm, mpi_op)
 
     @property
     def label(self) -> str:
@@ -95,6 +127,11 @@ class Contender:
         if not self.options:
             return self.backend
         return self.backend + ":" + ",".join(f"{key}={value}" for key, value in self.options.items())
+
+    @property
+    def legend(self) -> str:
+        """The label, and for the mpi contender its library: "mpi (Open MPI v5.0.11, ...)"."""
+        return f"{self.label} ({self.library})" if self.library else self.label
 
     def algorithm(self, collective: str, nbytes: int) -> str | None:
         """The algorithm the backend picks for such a call, if it can say."""
@@ -175,6 +212,8 @@ def import_backends(contenders: list[Contender], modules: list[str]) -> None:
                 "To measure other backends only, name them, e.g. --backends gloo") from error
         lookup = getattr(torch_torus, "algorithm_for", None)
     for contender in contenders:
+        if contender.backend == MPI_CONTENDER:
+            continue  # not a torch backend: set up by start_mpi_contender
         if contender.backend not in dist.Backend.backend_list:
             raise SystemExit(
                 f"backend {contender.backend!r} is not registered with torch.distributed "
@@ -182,6 +221,52 @@ def import_backends(contenders: list[Contender], modules: list[str]) -> None:
                 "--import-module names a module that registers one")
         if contender.backend == "torus" and lookup is not None:
             contender.algorithm_for = lookup
+
+
+MPI_LAUNCH_EXAMPLE = "mpiexec -n 4 python -m torch_torus.bench --backends 'torus;gloo;mpi'"
+
+
+def init_env_under_mpiexec(contenders: list[Contender]):
+    """Under mpiexec, derive torch's env:// variables from MPI's; under torchrun they are set.
+    Returns the MPI launch (a torch_torus.launch.MpiLaunch), or None without one. The mpi
+    contender needs mpiexec: under torchrun each process would be an MPI world of its own."""
+    wants_mpi = any(contender.backend == MPI_CONTENDER for contender in contenders)
+    if "RANK" in os.environ and not wants_mpi:
+        return None  # torchrun or another env:// launcher
+    from torch_torus.launch import MpiLaunchError, init_env_from_mpi, mpi_launch_from_env
+
+    try:
+        launch = mpi_launch_from_env()
+        if launch is not None and "RANK" not in os.environ:
+            init_env_from_mpi()
+    except MpiLaunchError as error:
+        raise SystemExit(f"torch_torus.bench under mpiexec: {error}") from error
+    if launch is None and wants_mpi:
+        raise SystemExit(
+            f"the {MPI_CONTENDER!r} contender calls MPI through mpi4py, so the job must be "
+            f"started by mpiexec (MPICH or Open MPI), not torchrun, e.g.\n  {MPI_LAUNCH_EXAMPLE}\n"
+            "(see README.md, 'MPI as a contender')")
+    return launch
+
+
+def start_mpi_contender(contender: Contender, launch) -> None:
+    """Give the mpi contender its own communicator, so its traffic meets no other."""
+    from torch_torus.launch import INSTALL_HINT, MpiLaunchError, check_comm_matches
+
+    try:
+        import mpi4py
+        from mpi4py import MPI
+    except ImportError as error:
+        raise SystemExit(f"the {MPI_CONTENDER!r} contender needs mpi4py, which does not import "
+                         f"({error}): {INSTALL_HINT}") from error
+    try:
+        check_comm_matches(launch, MPI.COMM_WORLD)
+    except MpiLaunchError as error:
+        raise SystemExit(f"torch_torus.bench: {error}") from error
+    contender.comm = MPI.COMM_WORLD.Dup()
+    # The first line up to its first comma names the library and version in MPICH and Open MPI.
+    library = " ".join(MPI.Get_library_version().splitlines()[0].split(",")[0].split())
+    contender.library = f"{library}, mpi4py {mpi4py.__version__}"
 
 
 # --------------------------------------------------------------------------------------------
@@ -258,6 +343,11 @@ class Collective:
     def call(self, buffers: Buffers, group: dist.ProcessGroup, op) -> None:
         raise NotImplementedError
 
+    def call_mpi(self, input, output, comm, op) -> None:
+        """The same collective through mpi4py: `input` and `output` are numpy views of the
+        buffers (`input` is MPI.IN_PLACE for in-place collectives), `op` an MPI.Op or None."""
+        raise NotImplementedError
+
     def fill(self, buffers: Buffers, pattern: CheckPattern) -> None:
         """Reset the input to this rank's pattern and clear a separate output, so that a check
         cannot pass on values left over from the timed calls."""
@@ -278,6 +368,9 @@ class AllReduce(Collective):
     def call(self, buffers, group, op):
         dist.all_reduce(buffers.input, op=op, group=group)
 
+    def call_mpi(self, input, output, comm, op):
+        comm.Allreduce(input, output, op)
+
     def expected(self, count, pattern):
         return periodic(pattern.reduced, 0, count)
 
@@ -290,6 +383,9 @@ class Broadcast(Collective):
 
     def call(self, buffers, group, op):
         dist.broadcast(buffers.input, group_src=self.root, group=group)
+
+    def call_mpi(self, input, output, comm, op):
+        comm.Bcast(output, root=self.root)
 
     def fill(self, buffers, pattern):
         # Non-roots start from zeros: the pattern is never 0, so a missed element shows.
@@ -335,6 +431,9 @@ class AllGather(ShardedCollective):
     def call(self, buffers, group, op):
         dist.all_gather_single(buffers.output, buffers.input, group=group)
 
+    def call_mpi(self, input, output, comm, op):
+        comm.Allgather(input, output)
+
     def expected(self, count, pattern):
         return torch.cat([pattern.input_of(rank, count) for rank in range(self.world_size)])
 
@@ -348,6 +447,9 @@ class ReduceScatter(ShardedCollective):
     def call(self, buffers, group, op):
         dist.reduce_scatter_single(buffers.output, buffers.input, op=op, group=group)
 
+    def call_mpi(self, input, output, comm, op):
+        comm.Reduce_scatter_block(input, output, op)
+
     def expected(self, count, pattern):
         return periodic(pattern.reduced, self.rank * count, count)
 
@@ -360,6 +462,9 @@ class AllToAll(ShardedCollective):
 
     def call(self, buffers, group, op):
         dist.all_to_all_single(buffers.output, buffers.input, group=group)
+
+    def call_mpi(self, input, output, comm, op):
+        comm.Alltoall(input, output)
 
     def expected(self, count, pattern):
         # Block r of our output is block `self.rank` of rank r's input.
@@ -414,7 +519,7 @@ class Row:
         }
 
 
-def time_contender(collective: Collective, buffers: Buffers, contender: Contender, op,
+def time_contender(collective: Collective, buffers: Buffers, call: Callable[[], None],
                    pattern: CheckPattern, args: argparse.Namespace, bootstrap: dist.ProcessGroup,
                    synchronize: Callable[[], None]) -> float:
     """Mean seconds per call on this rank. Every call is waited for before the next one is
@@ -422,21 +527,21 @@ def time_contender(collective: Collective, buffers: Buffers, contender: Contende
     # Each contender starts from the same data: an in-place allreduce repeated grows its values.
     collective.fill(buffers, pattern)
     for _ in range(args.warmup):
-        collective.call(buffers, contender.group, op)
+        call()
     synchronize()
     dist.barrier(group=bootstrap)
     start = time.perf_counter()
     for _ in range(args.iters):
-        collective.call(buffers, contender.group, op)
+        call()
         synchronize()
     return (time.perf_counter() - start) / args.iters
 
 
-def check_contender(collective: Collective, buffers: Buffers, count: int, contender: Contender,
-                    op, pattern: CheckPattern, synchronize: Callable[[], None]) -> int:
+def check_contender(collective: Collective, buffers: Buffers, count: int, call: Callable[[], None],
+                    pattern: CheckPattern, synchronize: Callable[[], None]) -> int:
     """One call on freshly filled buffers; returns this rank's wrong elements."""
     collective.fill(buffers, pattern)
-    collective.call(buffers, contender.group, op)
+    call()
     synchronize()
     return count_wrong(buffers.output, collective.expected(count, pattern), collective.world_size)
 
@@ -446,17 +551,16 @@ def measure_size(count: int, collective: Collective, args: argparse.Namespace,
                  synchronize: Callable[[], None]) -> list[Row]:
     contenders = args.contenders
     dtype = DTYPES[args.dtype]
-    op = REDUCE_OPS[args.op]
     size_bytes = collective.size_bytes(count, dtype.itemsize)
     buffers = collective.allocate(count, dtype, device)  # shared by all contenders at this size
 
     seconds, wrong = [], []
     for contender in contenders:
-        seconds.append(time_contender(collective, buffers, contender, op, pattern, args,
-                                      bootstrap, synchronize))
+        call = contender.bind(collective, buffers, args.op)
+        seconds.append(time_contender(collective, buffers, call, pattern, args, bootstrap,
+                                      synchronize))
         if args.check:
-            wrong.append(check_contender(collective, buffers, count, contender, op, pattern,
-                                         synchronize))
+            wrong.append(check_contender(collective, buffers, count, call, pattern, synchronize))
     # The slowest rank sets the time, as in nccl-tests; wrong elements add up over ranks.
     seconds_tensor = torch.tensor(seconds, dtype=torch.float64)
     dist.all_reduce(seconds_tensor, op=dist.ReduceOp.MAX, group=bootstrap)
@@ -561,6 +665,9 @@ def header(collective: Collective, args: argparse.Namespace, hostnames: list[str
         "# contenders:",
     ]
     for index, contender in enumerate(args.contenders, 1):
+        if contender.library:
+            lines.append(f"#   [{index}] {contender.backend:<8} {contender.library}")
+            continue
         options = " ".join(f"{key}={value}" for key, value in contender.options.items())
         lines.append(f"#   [{index}] {contender.backend:<8} options: {options or '(backend defaults)'}")
     return lines + ["#"]
@@ -615,8 +722,8 @@ def write_json(path: str, collective: Collective, args: argparse.Namespace, host
         "iters": args.iters,
         "warmup": args.warmup,
         "torch_version": torch.__version__,
-        "contenders": [{"label": c.label, "backend": c.backend, "options": c.options}
-                       for c in args.contenders],
+        "contenders": [{"label": c.label, "backend": c.backend, "options": c.options,
+                        "library": c.library} for c in args.contenders],
         "rows": [row.to_json() for rows in rows_by_size for row in rows],
     }
     with open(path, "w") as file:
@@ -643,7 +750,7 @@ def write_plot(path: str, collective: Collective, args: argparse.Namespace,
     sizes = [rows[0].size_bytes for rows in rows_by_size]
     for index, contender in enumerate(args.contenders):
         axes.plot(sizes, [rows[index].busbw for rows in rows_by_size], marker="o",
-                  label=contender.label)
+                  label=contender.legend)
     axes.set_xscale("log", base=2)
     axes.xaxis.set_major_formatter(FuncFormatter(lambda size, _: human_size(size)))
     axes.set_xlabel("size (bytes)")
@@ -665,15 +772,16 @@ def build_parser() -> argparse.ArgumentParser:
         prog="python -m torch_torus.bench",
         description="Measure a torch.distributed collective over a range of sizes for several\n"
                     "backends side by side, with nccl-tests' columns. Launch one process per\n"
-                    "rank: torchrun, mpirun or srun setting MASTER_ADDR, MASTER_PORT, RANK and\n"
-                    "WORLD_SIZE.",
+                    "rank: torchrun (or any launcher setting MASTER_ADDR, MASTER_PORT, RANK and\n"
+                    "WORLD_SIZE), or mpiexec of MPICH or Open MPI (needs mpi4py).",
         formatter_class=argparse.RawDescriptionHelpFormatter,
         epilog="examples:\n"
                "  torchrun --nproc-per-node 4 -m torch_torus.bench -b 4K -e 64M --check\n"
                "  torchrun --nproc-per-node 8 -m torch_torus.bench --plot busbw.png \\\n"
                "      --backends 'torus:allreduce=ring;torus:allreduce=torus,torus_dims=2x4;gloo'\n"
                "  torchrun --nproc-per-node 4 -m torch_torus.bench --import-module "
-               "oneccl_bindings_for_pytorch --backends ccl,gloo")
+               "oneccl_bindings_for_pytorch --backends ccl,gloo\n"
+               f"  {MPI_LAUNCH_EXAMPLE}")
     parser.add_argument("-c", "--collective", choices=list(COLLECTIVES), default="allreduce",
                         help="collective to measure (default: %(default)s)")
     parser.add_argument("-b", "--min-bytes", type=parse_size, default=parse_size("4K"),
@@ -701,7 +809,8 @@ def build_parser() -> argparse.ArgumentParser:
              "'torus:allreduce=ring,chunk_bytes=1M' (keys are the TORUS_* variables in lower "
              "case without the prefix; a oneCCL-style rule such as "
              "'allreduce=recursive_doubling:0-8192;ring:8193-max' may be written whole; quote the "
-             "argument in a shell). Default: 'torus,gloo'")
+             "argument in a shell). 'mpi' is MPI's own collectives through mpi4py (under "
+             "mpiexec only). Default: 'torus,gloo'")
     parser.add_argument("--import-module", action="append", default=[], metavar="MODULE",
                         help="import this module first, for backends it registers "
                              "(e.g. oneccl_bindings_for_pytorch for 'ccl'); repeatable")
@@ -734,6 +843,17 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         parser.error("--iters must be at least 1 and --warmup at least 0")
     if args.op == "avg" and not DTYPES[args.dtype].is_floating_point:
         parser.error("--op avg needs a floating --dtype")
+    if any(contender.backend == MPI_CONTENDER for contender in args.contenders):
+        # MPI has no average; its buffers are numpy views, and numpy has no bfloat16; the MPIs
+        # from PyPI are not CUDA-aware.
+        if args.op not in MPI_REDUCE_OPS and COLLECTIVES[args.collective].has_op:
+            parser.error(f"--op {args.op}: MPI has no such reduction; the mpi contender offers "
+                         f"{', '.join(MPI_REDUCE_OPS)}")
+        if args.dtype == "bfloat16":
+            parser.error("--dtype bfloat16: the mpi contender passes numpy arrays, and numpy has "
+                         "no bfloat16")
+        if args.device != "cpu":
+            parser.error(f"--device {args.device}: the mpi contender measures CPU tensors only")
     if args.plot:
         # Fail now rather than after a long run.
         try:
@@ -746,6 +866,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
     import_backends(args.contenders, args.import_module)
+    mpi_launch = init_env_under_mpiexec(args.contenders)
 
     if args.device == "cuda":
         torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")) % torch.cuda.device_count())
@@ -761,8 +882,11 @@ def main(argv: list[str] | None = None) -> None:
     if not 0 <= args.root < world_size:
         raise SystemExit(f"--root {args.root} is not a rank of {world_size}")
     for contender in args.contenders:
-        contender.group = dist.new_group(backend=contender.backend,
-                                         pg_options=contender.pg_options())
+        if contender.backend == MPI_CONTENDER:
+            start_mpi_contender(contender, mpi_launch)
+        else:
+            contender.group = dist.new_group(backend=contender.backend,
+                                             pg_options=contender.pg_options())
 
     hostnames: list[str] = [""] * world_size
     dist.all_gather_object(hostnames, socket.gethostname(), group=bootstrap)
