@@ -17,11 +17,16 @@ _AUTO_THRESHOLDS = {
 }
 
 
+def allreduce_candidates(grid: Grid | None) -> tuple[str, ...]:
+    """The allreduce algorithms auto chooses among for a group (and the tuner measures): the
+    torus only where the group has a grid, since without one it runs as the ring."""
+    return tuple(a for a in ALGORITHMS["allreduce"] if a != "torus" or grid is not None)
+
+
 def auto_rules(collective: str, size: int, grid: Grid | None, inner: str,
                machine: Machine = DEFAULT_MACHINE) -> tuple[Rule, ...]:
     if collective == "allreduce":
-        candidates = tuple(a for a in ALGORITHMS["allreduce"] if a != "torus" or grid is not None)
-        return auto_allreduce_rules(size, candidates, grid.shape if grid else None, inner, machine)
+        return auto_allreduce_rules(size, allreduce_candidates(grid), grid.shape if grid else None, inner, machine)
     return _AUTO_THRESHOLDS[collective]
 
 
@@ -47,13 +52,16 @@ def overlay(user: tuple[Rule, ...], automatic: tuple[Rule, ...]) -> tuple[Rule, 
     return tuple(merged)
 
 
-def resolve_tables(values: dict, size: int, grid: Grid | None,
-                   machine: Machine = DEFAULT_MACHINE) -> dict[str, tuple[Rule, ...]]:
-    """Per collective, rules covering every size from 0 to max."""
-    return {
-        collective: overlay(values[collective], auto_rules(collective, size, grid, values["torus_inner"], machine))
-        for collective in ALGORITHMS
-    }
+def resolve_tables(values: dict, size: int, grid: Grid | None, machine: Machine = DEFAULT_MACHINE,
+                   tuned_allreduce: tuple[Rule, ...] | None = None) -> dict[str, tuple[Rule, ...]]:
+    """Per collective, rules covering every size from 0 to max. `tuned_allreduce` (a tuning
+    file's table for this group) replaces the cost model as allreduce's automatic choice."""
+    def automatic(collective: str) -> tuple[Rule, ...]:
+        if collective == "allreduce" and tuned_allreduce is not None:
+            return tuned_allreduce
+        return auto_rules(collective, size, grid, values["torus_inner"], machine)
+
+    return {collective: overlay(values[collective], automatic(collective)) for collective in ALGORITHMS}
 
 
 def describe(tables: dict[str, tuple[Rule, ...]]) -> str:
