@@ -366,6 +366,8 @@ def build_parser() -> argparse.ArgumentParser:
                         help="also print the DDP images/s of every torus grid at this node count")
     parser.add_argument("--fit", nargs="+", metavar="JSON",
                         help="fit the figures to bench --json or tuning files first, and print the comparison")
+    parser.add_argument("--compare", nargs="+", metavar="JSON",
+                        help="print predictions beside the measurements of these files (after --fit, if given)")
     parser.add_argument("--plot", metavar="PNG", help="draw allreduce time and images/s per node against nodes")
     return parser
 
@@ -440,6 +442,18 @@ def plot(system: System, counts: list[int], algorithms: list[str], path: str) ->
     plt.close(figure)
 
 
+def comparison(system: System, measurements: list[Measurement]) -> list[str]:
+    lines = [f"# {'nodes':>5} {'r/node':>6} {'algorithm':>18} {'bytes':>10} {'measured us':>12} "
+             f"{'predicted us':>12} {'ratio':>6}"]
+    for m in measurements:
+        predicted = predict(system, m)
+        lines.append(f"  {m.nodes:>5} {m.ranks_per_node:>6} {m.algorithm:>18} {m.nbytes:>10} {m.seconds * 1e6:>12.1f} "
+                     f"{predicted * 1e6:>12.1f} {predicted / m.seconds:>6.2f}")
+    within = sum(abs(predict(system, m) / m.seconds - 1) <= 0.25 for m in measurements)
+    lines.append(f"# within 25%: {within} of {len(measurements)}")
+    return lines
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = build_parser()
     args = parser.parse_args(argv)
@@ -458,14 +472,15 @@ def main(argv: list[str] | None = None) -> None:
         if not measurements:
             parser.error("--fit: no single-algorithm torus measurements in " + ", ".join(args.fit))
         system = fit(system, measurements)
-        print(f"# fitted to {len(measurements)} measurements: " + ", ".join(f"{n}={getattr(system, n):.4g}" for n in FITTED))
-        print(f"# {'nodes':>5} {'r/node':>6} {'algorithm':>18} {'bytes':>10} {'measured us':>12} {'predicted us':>12} {'ratio':>6}")
-        for m in measurements:
-            predicted = predict(system, m)
-            print(f"  {m.nodes:>5} {m.ranks_per_node:>6} {m.algorithm:>18} {m.nbytes:>10} {m.seconds * 1e6:>12.1f} "
-                  f"{predicted * 1e6:>12.1f} {predicted / m.seconds:>6.2f}")
-        within = sum(abs(predict(system, m) / m.seconds - 1) <= 0.25 for m in measurements)
-        print(f"# within 25%: {within} of {len(measurements)}")
+        print(f"# fitted to {len(measurements)} measurements in {', '.join(args.fit)}: "
+              + ", ".join(f"{n}={getattr(system, n):.4g}" for n in FITTED))
+        print("\n".join(comparison(system, measurements)))
+    if args.compare:
+        measurements = load_measurements(args.compare)
+        if not measurements:
+            parser.error("--compare: no single-algorithm torus measurements in " + ", ".join(args.compare))
+        print(f"# predictions against {', '.join(args.compare)}")
+        print("\n".join(comparison(system, measurements)))
     print("\n".join(table(system, counts, algorithms)))
     if args.shapes_at:
         print("\n".join(shapes_table(system, args.shapes_at)))
