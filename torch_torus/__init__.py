@@ -16,6 +16,7 @@ from . import _C
 from .config import SETTINGS, ConfigError, Options, local_address, resolve
 from .selection import describe, resolve_tables
 from .topology import choose_grid, choose_transport, exchange_host_ids, host_identity
+from .tuning import tuned_allreduce
 
 __all__ = ["Options", "ConfigError", "SETTINGS", "BACKEND_NAME", "algorithm_for"]
 
@@ -32,7 +33,8 @@ def _create_backend(dist_options, pg_options) -> _C.ProcessGroupTorus:
     hosts = exchange_host_ids(store, rank, size, values["host_id"] or host_identity())
     grid = choose_grid(size, hosts, values["torus_dims"])
     transport = choose_transport(values["transport"], hosts)
-    tables = resolve_tables(values, size, grid, transport)
+    tuned = tuned_allreduce(values["tuning_file"], hosts, grid)
+    tables = resolve_tables(values, size, grid, transport, tuned_allreduce=tuned)
     config = _C.TorusConfig()
     config.transport = transport
     config.address = local_address(values["socket_ifname"])
@@ -45,6 +47,7 @@ def _create_backend(dist_options, pg_options) -> _C.ProcessGroupTorus:
     if config.log_level >= 1 and rank == 0:
         layout = f"torus grid {grid}" if grid else f"no torus grid for {size} ranks: torus runs as ring"
         print(f"[torus rank 0] group '{name}': {size} ranks on {len(set(hosts))} host(s) over {transport}, {layout}; "
+              f"auto allreduce from {values['tuning_file'] if tuned else 'the cost model'}; "
               f"algorithms {describe(tables)}", file=sys.stderr, flush=True)
     return _C.ProcessGroupTorus(store, rank, size, dist_options.timeout, config, name)
 

@@ -217,6 +217,14 @@ SETTINGS: tuple[Setting, ...] = (
         "routes to MASTER_ADDR, else the host name's address.",
     ),
     Setting(
+        "TORUS_TUNING_FILE",
+        "",
+        str.strip,
+        "Tuning file written by `python -m torch_torus.tune`; auto takes its allreduce table when "
+        "an entry matches the group (world size, torus grid, ranks per host), else the cost model. "
+        "Empty: the cost model.",
+    ),
+    Setting(
         "TORUS_LOG_LEVEL",
         "warn",
         _one_of(LOG_LEVELS),

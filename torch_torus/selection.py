@@ -17,14 +17,20 @@ _AUTO_THRESHOLDS = {
 }
 
 
+def allreduce_candidates(grid: Grid | None, transport: str = "tcp") -> tuple[str, ...]:
+    """The allreduce algorithms auto chooses among for a group (and the tuner measures): the
+    torus only where the group has a grid, since without one it runs as the ring; one_shot and
+    two_shot only over shared memory."""
+    return tuple(a for a in ALGORITHMS["allreduce"]
+                 if (a != "torus" or grid is not None)
+                 and (a not in SHARED_MEMORY_ALGORITHMS or transport == "shm"))
+
+
 def auto_rules(collective: str, size: int, grid: Grid | None, inner: str, transport: str = "tcp",
                machine: Machine | None = None) -> tuple[Rule, ...]:
     if collective == "allreduce":
-        candidates = tuple(a for a in ALGORITHMS["allreduce"]
-                           if (a != "torus" or grid is not None)
-                           and (a not in SHARED_MEMORY_ALGORITHMS or transport == "shm"))
-        return auto_allreduce_rules(size, candidates, grid.shape if grid else None, inner,
-                                    machine or MACHINES[transport])
+        return auto_allreduce_rules(size, allreduce_candidates(grid, transport), grid.shape if grid else None,
+                                    inner, machine or MACHINES[transport])
     return _AUTO_THRESHOLDS[collective]
 
 
@@ -51,13 +57,16 @@ def overlay(user: tuple[Rule, ...], automatic: tuple[Rule, ...]) -> tuple[Rule, 
 
 
 def resolve_tables(values: dict, size: int, grid: Grid | None, transport: str = "tcp",
-                   machine: Machine | None = None) -> dict[str, tuple[Rule, ...]]:
-    """Per collective, rules covering every size from 0 to max."""
-    return {
-        collective: overlay(values[collective],
-                            auto_rules(collective, size, grid, values["torus_inner"], transport, machine))
-        for collective in ALGORITHMS
-    }
+                   machine: Machine | None = None,
+                   tuned_allreduce: tuple[Rule, ...] | None = None) -> dict[str, tuple[Rule, ...]]:
+    """Per collective, rules covering every size from 0 to max. `tuned_allreduce` (a tuning
+    file's table for this group) replaces the cost model as allreduce's automatic choice."""
+    def automatic(collective: str) -> tuple[Rule, ...]:
+        if collective == "allreduce" and tuned_allreduce is not None:
+            return tuned_allreduce
+        return auto_rules(collective, size, grid, values["torus_inner"], transport, machine)
+
+    return {collective: overlay(values[collective], automatic(collective)) for collective in ALGORITHMS}
 
 
 def describe(tables: dict[str, tuple[Rule, ...]]) -> str:

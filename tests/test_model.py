@@ -1,0 +1,123 @@
+"""The cluster model (python -m torch_torus.model): limits, monotonic behaviour, agreement with
+the cost model that auto uses on one host, fitting, and the seed study's ordering."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+
+import pytest
+
+from torch_torus import cost_model, model
+from torch_torus.model import NURION, System, allreduce_seconds, images_per_second_per_node
+
+ALGORITHMS = model.ALGORITHMS
+SIZES = [4096, 1 << 20, 25 << 20]
+
+
+def at(system: System, nodes: int, **changes) -> System:
+    return dataclasses.replace(system, nodes=nodes, **changes)
+
+
+@pytest.mark.parametrize("algorithm", ALGORITHMS)
+def test_one_rank_costs_only_the_call(algorithm):
+    one = at(NURION, 1)
+    assert allreduce_seconds(one, algorithm, 25 << 20) == NURION.call_overhead
+    assert images_per_second_per_node(one, algorithm) <= NURION.batch_per_node / NURION.compute_seconds
+
+
+@pytest.mark.parametrize("algorithm", ALGORITHMS)
+@pytest.mark.parametrize("nodes", [2, 16, 256, 4096])
+def test_faster_links_and_lower_latency_never_slow_an_allreduce(algorithm, nodes):
+    system = at(NURION, nodes)
+    for nbytes in SIZES:
+        base = allreduce_seconds(system, algorithm, nbytes)
+        assert allreduce_seconds(dataclasses.replace(system, link_bandwidth=2 * system.link_bandwidth), algorithm, nbytes) < base
+        assert allreduce_seconds(dataclasses.replace(system, link_latency=system.link_latency / 2), algorithm, nbytes) < base
+        assert allreduce_seconds(dataclasses.replace(system, blocking=0.0), algorithm, nbytes) <= base
+    rates = [images_per_second_per_node(dataclasses.replace(system, link_bandwidth=b), algorithm)
+             for b in (1e9, 4e9, 16e9, 64e9)]
+    assert rates == sorted(rates)
+
+
+@pytest.mark.parametrize("algorithm", ALGORITHMS)
+def test_time_grows_with_bytes_and_ranks(algorithm):
+    times = [allreduce_seconds(at(NURION, 64), algorithm, 1 << k) for k in range(0, 30, 2)]
+    assert times == sorted(times)
+    by_nodes = [allreduce_seconds(at(NURION, n), algorithm, 25 << 20) for n in (2, 4, 16, 64, 256, 1024, 4096)]
+    assert by_nodes == sorted(by_nodes)
+
+
+def test_images_per_second_never_exceed_compute_bound():
+    for nodes in (16, 1024, 4096):
+        for algorithm in ALGORITHMS:
+            assert images_per_second_per_node(at(NURION, nodes), algorithm) <= NURION.batch_per_node / NURION.compute_seconds
+
+
+@pytest.mark.parametrize("algorithm", ["ring", "direct", "recursive_doubling", "rabenseifner", "torus"])
+@pytest.mark.parametrize("ranks", [2, 4, 6, 8])
+def test_on_one_host_it_is_the_cost_model(algorithm, ranks):
+    machine = cost_model.DEFAULT_MACHINE
+    system = System(nodes=1, ranks_per_node=ranks, local_latency=machine.latency, local_bandwidth=machine.bandwidth,
+                    reduce_rate=machine.reduce_rate, message_overhead=machine.message_overhead, call_overhead=0.0)
+    shape = model.default_shape(ranks)
+    for nbytes in SIZES:
+        expected = cost_model.allreduce_seconds(algorithm, nbytes, ranks, shape)
+        assert allreduce_seconds(system, algorithm, nbytes, shape if algorithm == "torus" else None) == pytest.approx(expected, rel=1e-5)  # it divides S by c in integers
+
+
+def test_torus_shape_must_hold_the_ranks():
+    with pytest.raises(ValueError, match="4x4 does not hold 32 ranks"):
+        allreduce_seconds(at(NURION, 32), "torus", 1024, (4, 4))
+
+
+@pytest.mark.parametrize("change, message", [
+    ({"nodes": 0}, "nodes must be at least 1"),
+    ({"blocking": 1.0}, "blocking must lie in [0, 1)"),
+    ({"link_bandwidth": 0}, "link_bandwidth must be greater than 0"),
+    ({"link_latency": -1e-6}, "link_latency must not be negative"),
+])
+def test_bad_system_is_refused_naming_the_figure(change, message):
+    with pytest.raises(ValueError, match=message.replace("[", r"\[").replace("(", r"\(").replace(")", r"\)")):
+        dataclasses.replace(NURION, **change).validate()
+
+
+def test_nurion_parameters_reproduce_the_seed_study():
+    """Star-like (direct) best from 16 to 128 nodes, ring at 256, the 2D torus from 512, and the
+    32x32 grid the best torus at 1024 nodes, in DDP images/s per node."""
+    study = ("direct", "ring", "torus")
+
+    def best(nodes):
+        system = at(NURION, nodes)
+        return max(study, key=lambda a: images_per_second_per_node(system, a))
+
+    assert [best(n) for n in (16, 32, 64, 128)] == ["direct"] * 4
+    assert best(256) == "ring"
+    assert [best(n) for n in (512, 1024)] == ["torus", "torus"]
+    system = at(NURION, 1024)
+    shapes = model.torus_shapes(1024)
+    assert max(shapes, key=lambda s: images_per_second_per_node(system, "torus", s)) == (32, 32)
+
+
+def test_fit_recovers_figures_from_their_own_predictions(tmp_path):
+    truth = System(nodes=1, ranks_per_node=4, local_latency=300e-6, local_bandwidth=0.5e9, reduce_rate=2e9,
+                   message_overhead=200e-6, call_overhead=50e-6)
+    sizes = [4096, 65536, 1 << 20, 16 << 20]
+    times = {a: [allreduce_seconds(truth, a, s, (2, 2) if a == "torus" else None) * 1e6 for s in sizes]
+             for a in ALGORITHMS}
+    path = tmp_path / "tuning.json"
+    path.write_text(json.dumps({"format": "torch_torus tuning", "version": 1, "entries": [
+        {"world_size": 4, "grid": [2, 2], "ranks_per_host": [4], "allreduce": "ring:0-max",
+         "measured": {"sizes": sizes, "time_us": times}}]}))
+    measurements = model.load_measurements([str(path)])
+    assert len(measurements) == len(ALGORITHMS) * len(sizes)
+    fitted = model.fit(System(), measurements)
+    for m in measurements:
+        assert model.predict(fitted, m) == pytest.approx(m.seconds, rel=0.05)
+
+
+def test_node_counts():
+    assert model.node_counts("16-4096") == [16, 32, 64, 128, 256, 512, 1024, 2048, 4096]
+    assert model.node_counts("1,3") == [1, 3]
+    with pytest.raises(ValueError, match="--nodes"):
+        model.node_counts("lots")

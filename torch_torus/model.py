@@ -1,0 +1,493 @@
+"""Predict allreduce time and DDP images/s per node for a described cluster, 16 to 4096 nodes.
+
+    python -m torch_torus.model --preset nurion --plot nurion_model.png
+    python -m torch_torus.model --preset nurion --link-latency 2us --blocking 0
+    python -m torch_torus.model --fit benchmarks/results/tuning_4ranks.json   # this machine
+
+The cluster: `nodes` hosts of `ranks_per_node` ranks, each host with one network link
+(bandwidth, latency per step), hosts in leaf switches of `nodes_per_switch` whose uplinks carry
+(1 - blocking) of what their hosts can send (a fat tree with 50% blocking: blocking=0.5). Ranks
+on one host talk at the local bandwidth and latency. Every algorithm is a sequence of steps in
+which each rank exchanges with the rank a fixed distance away (the ring: 1; a torus column: the
+row length; recursive doubling and halving: powers of two), so a step's bandwidth is what a
+flow gets when every rank sends at that distance at once: the link shared by the host's ranks
+whose partner is elsewhere, the leaf's uplinks shared by its flows that leave it. Direct sends
+to every rank at once and is charged for the most loaded of link, uplinks and local copies.
+
+    time = calls x call_overhead + steps x latency + bytes / step bandwidth
+           + bytes reduced / reduce_rate + extra concurrent messages x message_overhead
+
+On one host this is torch_torus.cost_model (the same steps and bytes) plus the call overhead;
+tests/test_model.py holds them to each other. Ranks are placed in order (host h holds ranks
+h*ranks_per_node ...), the torus as rows of consecutive ranks, as torch_torus.topology does.
+
+A DDP step (ResNet-50's 25.6M float32 gradients in buckets of bucket_bytes): the allreduces
+run one after another while backward (backward_share of the compute time) produces buckets, so
+
+    step = compute + max(last bucket's allreduce, all allreduces - backward time)
+    images/s per node = batch_per_node / step
+
+--fit adjusts the latency, bandwidth, reduce-rate and overhead figures to bench --json or tuning
+files (relative least squares, searched in log space, since link sharing makes the model
+piecewise) and prints each measurement beside its prediction.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import math
+import re
+from dataclasses import dataclass
+
+from .config import parse_bytes
+
+ALGORITHMS = ("ring", "torus", "direct", "recursive_doubling", "rabenseifner")
+
+
+@dataclass(frozen=True)
+class System:
+    nodes: int = 1
+    ranks_per_node: int = 1
+    link_bandwidth: float = 12.5e9  # bytes/s one host sends into the network
+    link_latency: float = 4e-6  # seconds per step between hosts, software included
+    local_bandwidth: float = 10e9  # bytes/s between two ranks of one host
+    local_latency: float = 1e-6
+    nodes_per_switch: int = 32
+    blocking: float = 0.0  # share of a leaf's host bandwidth its uplinks lack (0.5: 50% blocking)
+    reduce_rate: float = 5e9  # bytes/s one rank reduces
+    message_overhead: float = 0.0  # seconds per extra concurrent message within a step
+    call_overhead: float = 0.0  # seconds per collective call (the torus makes three)
+    # DDP
+    compute_seconds: float = 1.0  # forward + backward + optimizer of one step, no communication
+    backward_share: float = 0.6  # of compute_seconds, overlappable with the allreduces
+    gradient_bytes: int = 25_557_032 * 4  # ResNet-50, float32
+    bucket_bytes: int = 25 << 20  # DDP's bucket_cap_mb default
+    batch_per_node: int = 8
+
+    @property
+    def ranks(self) -> int:
+        return self.nodes * self.ranks_per_node
+
+    def validate(self) -> "System":
+        problems = [f"{name} must be at least 1" for name in ("nodes", "ranks_per_node", "nodes_per_switch",
+                                                             "batch_per_node")
+                    if getattr(self, name) < 1]
+        problems += [f"{name} must be greater than 0" for name in
+                     ("link_bandwidth", "local_bandwidth", "reduce_rate", "gradient_bytes", "bucket_bytes")
+                     if not getattr(self, name) > 0]
+        problems += [f"{name} must not be negative" for name in
+                     ("link_latency", "local_latency", "message_overhead", "call_overhead", "compute_seconds")
+                     if getattr(self, name) < 0]
+        if not 0 <= self.blocking < 1:
+            problems.append("blocking must lie in [0, 1): at 1 no traffic would leave a switch")
+        if not 0 <= self.backward_share <= 1:
+            problems.append("backward_share must lie in [0, 1]")
+        if problems:
+            raise ValueError("; ".join(problems))
+        return self
+
+
+# Nurion (KISTI): KNL nodes, Omni-Path fat tree with 50% blocking, one rank per node, batch 8 per
+# node, ResNet-50. The link is Omni-Path's 100 Gb/s; the latency per step, the per-call overhead
+# (the torus pays it three times) and the per-message overhead of direct are the software's on
+# KNL cores, which the study does not report: they were chosen within plausible ranges so the
+# model orders the algorithms as the study measured (BENCHMARKS.md shows how sensitive that is).
+# The compute time is that of a KNL node on ResNet-50, batch 8 (about 20 images/s).
+NURION = System(
+    nodes=16, ranks_per_node=1, link_bandwidth=12.5e9, link_latency=4e-6, local_bandwidth=20e9,
+    local_latency=1e-6, nodes_per_switch=64, blocking=0.5, reduce_rate=4e9, message_overhead=0.3e-6,
+    call_overhead=1.2e-3, compute_seconds=0.4, backward_share=0.6, batch_per_node=8)
+
+
+# --------------------------------------------------------------------------------------------
+# One step of an algorithm: every rank exchanges with the rank `distance` away.
+
+
+def _step_link(system: System, distance: int, span: int) -> tuple[float, float]:
+    """(latency, bandwidth per flow) of a step in which every rank of a group of `span`
+    consecutive ranks sends to the rank `distance` away."""
+    p, leaf = system.ranks_per_node, system.ranks_per_node * system.nodes_per_switch
+    off_node = min(distance, p) if span > p else 0  # flows leaving each host
+    off_leaf = min(distance, leaf) if span > leaf else 0  # flows leaving each leaf switch
+    if off_node == 0:
+        return system.local_latency, system.local_bandwidth
+    bandwidth = system.link_bandwidth / off_node
+    if off_node < p:  # some flows stay on the host, at the local bandwidth
+        bandwidth = min(bandwidth, system.local_bandwidth)
+    if off_leaf:
+        uplink = (1 - system.blocking) * system.nodes_per_switch * system.link_bandwidth
+        bandwidth = min(bandwidth, uplink / off_leaf)
+    return system.link_latency, bandwidth
+
+
+def _steps(system: System, steps: float, distance: int, span: int, sent: float, reduced: float) -> float:
+    """`steps` steps at `distance` within `span` ranks, sending `sent` and reducing `reduced`
+    bytes in all."""
+    latency, bandwidth = _step_link(system, distance, span)
+    return steps * latency + sent / bandwidth + reduced / system.reduce_rate
+
+
+def _ring(system: System, nbytes: float, n: int, distance: int, span: int) -> float:
+    """Reduce-scatter and allgather around a ring of n ranks, `distance` apart."""
+    if n <= 1:
+        return 0.0
+    return _steps(system, 2 * (n - 1), distance, span, 2 * nbytes * (n - 1) / n, nbytes * (n - 1) / n)
+
+
+def _power_of_two(system: System, nbytes: float, n: int, halving: bool) -> float:
+    """Recursive doubling (whole buffer each round) or Rabenseifner (halving, then doubling)."""
+    p = 1 << (n.bit_length() - 1)
+    seconds = 0.0
+    if n != p:  # fold the extra ranks onto partners, unfold at the end: two steps of S
+        seconds += _steps(system, 2, p, n, 2 * nbytes, nbytes)
+    distance = p // 2
+    while distance >= 1:
+        if halving:
+            share = nbytes * distance / p  # the half a rank gives away at this distance
+            seconds += _steps(system, 2, distance, n, 2 * share, share)
+        else:
+            seconds += _steps(system, 1, distance, n, nbytes, nbytes)
+        distance //= 2
+    return seconds
+
+
+def _direct(system: System, nbytes: float, n: int) -> float:
+    """Every rank sends a 1/n slice to every other rank, twice (reduce-scatter, allgather)."""
+    p, leaf = system.ranks_per_node, system.ranks_per_node * system.nodes_per_switch
+    per_peer = 2 * nbytes / n  # both rounds
+    local = per_peer * (min(p, n) - 1) / system.local_bandwidth
+    link = p * per_peer * max(0, n - p) / system.link_bandwidth if n > p else 0.0
+    uplink_capacity = (1 - system.blocking) * system.nodes_per_switch * system.link_bandwidth
+    uplink = leaf * per_peer * (n - leaf) / uplink_capacity if n > leaf else 0.0
+    latency = system.link_latency if n > p else system.local_latency
+    return (2 * latency + max(local, link, uplink) + nbytes * (n - 1) / n / system.reduce_rate
+            + 2 * (n - 2) * system.message_overhead)
+
+
+def torus_shapes(n: int) -> list[tuple[int, int]]:
+    """Every rows x columns grid of n ranks with at least two of each."""
+    return [(n // c, c) for c in range(2, n // 2 + 1) if n % c == 0]
+
+
+def default_shape(n: int) -> tuple[int, int] | None:
+    """The grid torch_torus.topology picks on one host: the most square, fewer rows."""
+    rows = max(d for d in range(1, math.isqrt(n) + 1) if n % d == 0)
+    return (rows, n // rows) if rows > 1 else None
+
+
+def allreduce_seconds(system: System, algorithm: str, nbytes: float,
+                      shape: tuple[int, int] | None = None) -> float:
+    """One allreduce of `nbytes` over the system's ranks. `shape` (rows, columns) sets the
+    torus grid; without one the torus takes its best grid, or runs as the ring if it has none."""
+    n = system.ranks
+    if n <= 1:
+        return system.call_overhead
+    if algorithm == "ring":
+        return system.call_overhead + _ring(system, nbytes, n, 1, n)
+    if algorithm == "direct":
+        return system.call_overhead + _direct(system, nbytes, n)
+    if algorithm in ("recursive_doubling", "rabenseifner"):
+        return system.call_overhead + _power_of_two(system, nbytes, n, algorithm == "rabenseifner")
+    if algorithm == "torus":
+        if shape is None:
+            shapes = torus_shapes(n)
+            if not shapes:
+                return allreduce_seconds(system, "ring", nbytes)
+            return min(allreduce_seconds(system, "torus", nbytes, s) for s in shapes)
+        rows, cols = shape
+        if rows * cols != n:
+            raise ValueError(f"torus shape {rows}x{cols} does not hold {n} ranks")
+        # Row reduce-scatter and allgather (one call each), a ring allreduce of S/c down the columns.
+        return (3 * system.call_overhead + _ring(system, nbytes, cols, 1, cols)
+                + _ring(system, nbytes / cols, rows, cols, n))
+    raise ValueError(f"no model for allreduce algorithm {algorithm!r}; known: {', '.join(ALGORITHMS)}")
+
+
+def best_torus_shape(system: System, nbytes: float) -> tuple[int, int] | None:
+    shapes = torus_shapes(system.ranks)
+    return min(shapes, key=lambda s: allreduce_seconds(system, "torus", nbytes, s)) if shapes else None
+
+
+def bucket_sizes(system: System) -> list[int]:
+    full, rest = divmod(system.gradient_bytes, system.bucket_bytes)
+    return [system.bucket_bytes] * full + ([rest] if rest else [])
+
+
+def ddp_step_seconds(system: System, algorithm: str, shape: tuple[int, int] | None = None) -> float:
+    buckets = [allreduce_seconds(system, algorithm, b, shape) for b in bucket_sizes(system)]
+    exposed = max(buckets[-1], sum(buckets) - system.backward_share * system.compute_seconds)
+    return system.compute_seconds + exposed
+
+
+def images_per_second_per_node(system: System, algorithm: str, shape: tuple[int, int] | None = None) -> float:
+    return system.batch_per_node / ddp_step_seconds(system, algorithm, shape)
+
+
+# --------------------------------------------------------------------------------------------
+# Fitting to measurements
+
+
+FITTED = ("link_latency", "link_bandwidth", "local_latency", "local_bandwidth", "reduce_rate",
+          "message_overhead", "call_overhead")
+
+
+@dataclass(frozen=True)
+class Measurement:
+    nodes: int
+    ranks_per_node: int
+    algorithm: str
+    nbytes: int
+    seconds: float
+    shape: tuple[int, int] | None
+
+
+def load_measurements(paths: list[str]) -> list[Measurement]:
+    """Single-algorithm rows of bench --json files and tuning files (python -m torch_torus.tune).
+    Hosts must hold equal numbers of ranks; the torus takes the grid topology would choose."""
+    found = []
+    for path in paths:
+        with open(path) as file:
+            document = json.load(file)
+        if "entries" in document:  # a tuning file
+            for entry in document["entries"]:
+                per_host = entry["ranks_per_host"]
+                shape = tuple(entry["grid"]) if entry["grid"] else None
+                for algorithm, times in entry["measured"]["time_us"].items():
+                    for nbytes, us in zip(entry["measured"]["sizes"], times):
+                        found.append(Measurement(len(per_host), per_host[0], algorithm, nbytes, us * 1e-6, shape))
+        else:  # bench --json
+            per_host = list(document["hosts"].values())
+            n = document["world_size"]
+            shape = (len(per_host), per_host[0]) if len(per_host) > 1 and per_host[0] > 1 else default_shape(n)
+            for row in document["rows"]:
+                algorithm = row.get("options", {}).get("allreduce")
+                if row["backend"] == "torus" and algorithm in ALGORITHMS and row["time_us"]:
+                    found.append(Measurement(len(per_host), per_host[0], algorithm, row["size_bytes"],
+                                             row["time_us"] * 1e-6, shape))
+    return found
+
+
+def predict(system: System, m: Measurement) -> float:
+    placed = dataclasses.replace(system, nodes=m.nodes, ranks_per_node=m.ranks_per_node)
+    return allreduce_seconds(placed, m.algorithm, m.nbytes, m.shape if m.algorithm == "torus" else None)
+
+
+def fit(system: System, measurements: list[Measurement], rounds: int = 60) -> System:
+    """The system with FITTED figures adjusted to minimise the squared relative error of the
+    predictions: coordinate search in log space with shrinking steps (the model is piecewise
+    linear in the figures, so plain least squares does not apply). Figures that no measurement
+    depends on (the link's, when every measurement is on one host) keep their values."""
+    def error(candidate: System) -> float:
+        return sum((predict(candidate, m) / m.seconds - 1) ** 2 for m in measurements)
+
+    # Zero overheads cannot be scaled: start them small but not zero.
+    current = dataclasses.replace(system, message_overhead=system.message_overhead or 1e-6,
+                                  call_overhead=system.call_overhead or 1e-6)
+    best = error(current)
+    factor = 4.0
+    for _ in range(rounds):
+        improved = False
+        for name in FITTED:
+            for scale in (factor, 1 / factor):
+                candidate = dataclasses.replace(current, **{name: getattr(current, name) * scale})
+                value = error(candidate)
+                if value < best:
+                    current, best, improved = candidate, value, True
+        if not improved:
+            factor = math.sqrt(factor)
+            if factor < 1.001:
+                break
+    return current
+
+
+# --------------------------------------------------------------------------------------------
+# Command line
+
+
+_TIME_UNITS = {"s": 1.0, "ms": 1e-3, "us": 1e-6, "ns": 1e-9}
+_RATE_UNITS = {"": 1.0, "k": 1e3, "m": 1e6, "g": 1e9}
+
+
+def parse_seconds(text: str) -> float:
+    match = re.fullmatch(r"\s*([0-9.eE+-]+)\s*(s|ms|us|ns)?\s*", text)
+    if not match:
+        raise argparse.ArgumentTypeError(f"not a time: {text!r} (e.g. 4us, 1.2ms, 0.4s)")
+    return float(match.group(1)) * _TIME_UNITS[match.group(2) or "s"]
+
+
+def parse_rate(text: str) -> float:
+    """Bytes per second: '12.5G' = 12.5e9 (decimal, as link speeds are quoted)."""
+    match = re.fullmatch(r"\s*([0-9.eE+-]+)\s*([kKmMgG]?)(?:B/s)?\s*", text)
+    if not match:
+        raise argparse.ArgumentTypeError(f"not a bandwidth: {text!r} (bytes/s, e.g. 12.5G)")
+    return float(match.group(1)) * _RATE_UNITS[match.group(2).lower()]
+
+
+def _byte_count(text: str) -> int:
+    try:
+        return parse_bytes(text)
+    except ValueError as error:
+        raise argparse.ArgumentTypeError(f"{text!r}: {error}") from None
+
+
+_OPTIONS = {  # System field -> (parser, help)
+    "ranks_per_node": (int, "ranks per node"),
+    "link_bandwidth": (parse_rate, "bytes/s of a node's network link, e.g. 12.5G"),
+    "link_latency": (parse_seconds, "latency of one step between nodes, e.g. 4us"),
+    "local_bandwidth": (parse_rate, "bytes/s between ranks of one node"),
+    "local_latency": (parse_seconds, "latency of one step within a node"),
+    "nodes_per_switch": (int, "nodes per leaf switch"),
+    "blocking": (float, "fat-tree blocking: share of a leaf's bandwidth its uplinks lack (0.5 = 50%%)"),
+    "reduce_rate": (parse_rate, "bytes/s one rank reduces"),
+    "message_overhead": (parse_seconds, "per extra concurrent message (direct)"),
+    "call_overhead": (parse_seconds, "per collective call (the torus makes three)"),
+    "compute_seconds": (parse_seconds, "compute time of one training step"),
+    "backward_share": (float, "share of the compute that overlaps the allreduces"),
+    "gradient_bytes": (_byte_count, "gradient bytes per step, e.g. 100M"),
+    "bucket_bytes": (_byte_count, "DDP bucket size, e.g. 25M"),
+    "batch_per_node": (int, "images per node per step"),
+}
+PRESETS = {"nurion": NURION, "default": System()}
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="python -m torch_torus.model", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--preset", choices=list(PRESETS), default="nurion",
+                        help="starting figures (default: %(default)s); options below override them")
+    for name, (parse, help_text) in _OPTIONS.items():
+        parser.add_argument("--" + name.replace("_", "-"), type=parse, help=help_text)
+    parser.add_argument("--nodes", default="16-4096",
+                        help="node counts: 'LO-HI' for the powers of two between, or a comma list (default: %(default)s)")
+    parser.add_argument("--algorithms", default=",".join(ALGORITHMS), help="comma list (default: all)")
+    parser.add_argument("--shapes-at", type=int, metavar="NODES",
+                        help="also print the DDP images/s of every torus grid at this node count")
+    parser.add_argument("--fit", nargs="+", metavar="JSON",
+                        help="fit the figures to bench --json or tuning files first, and print the comparison")
+    parser.add_argument("--compare", nargs="+", metavar="JSON",
+                        help="print predictions beside the measurements of these files (after --fit, if given)")
+    parser.add_argument("--plot", metavar="PNG", help="draw allreduce time and images/s per node against nodes")
+    return parser
+
+
+def node_counts(text: str) -> list[int]:
+    text = text.strip()
+    match = re.fullmatch(r"(\d+)\s*-\s*(\d+)", text)
+    if match:
+        lo, hi = int(match.group(1)), int(match.group(2))
+        counts = [1 << k for k in range(hi.bit_length()) if lo <= 1 << k <= hi]
+    elif re.fullmatch(r"\d+(\s*,\s*\d+)*", text):
+        counts = [int(part) for part in text.split(",")]
+    else:
+        counts = []
+    if not counts or min(counts) < 1:
+        raise ValueError(f"--nodes {text!r}: expected LO-HI (powers of two between) or a comma list of counts >= 1")
+    return counts
+
+
+def table(system: System, counts: list[int], algorithms: list[str]) -> list[str]:
+    buckets = bucket_sizes(system)
+    lines = [f"# {system}",
+             f"# per step: {len(buckets)} allreduces ({', '.join(f'{b / 2**20:.1f} MiB' for b in buckets)}); "
+             f"ms = their total; img/s = per node",
+             f"{'nodes':>6} " + " ".join(f"{a:>22}" for a in algorithms) + "  best (torus grid)",
+             f"{'':>6} " + " ".join(f"{'ms':>10} {'img/s':>11}" for _ in algorithms)]
+    for nodes in counts:
+        placed = dataclasses.replace(system, nodes=nodes)
+        rates = {a: images_per_second_per_node(placed, a) for a in algorithms}
+        cells = [f"{sum(allreduce_seconds(placed, a, b) for b in buckets) * 1e3:>10.2f} {rates[a]:>11.3f}"
+                 for a in algorithms]
+        best = max(algorithms, key=rates.get)
+        shape = best_torus_shape(placed, system.bucket_bytes)
+        lines.append(f"{nodes:>6} " + " ".join(cells) + f"  {best}" + (f" ({shape[0]}x{shape[1]})" if shape else ""))
+    return lines
+
+
+def shapes_table(system: System, nodes: int) -> list[str]:
+    placed = dataclasses.replace(system, nodes=nodes)
+    lines = [f"# torus grids at {nodes} nodes: images/s per node (allreduce ms per step)"]
+    for shape in torus_shapes(placed.ranks):
+        total = sum(allreduce_seconds(placed, "torus", b, shape) for b in bucket_sizes(placed))
+        lines.append(f"  {shape[0]:>5}x{shape[1]:<5} {images_per_second_per_node(placed, 'torus', shape):9.3f} "
+                     f"({total * 1e3:.2f})")
+    return lines
+
+
+def plot(system: System, counts: list[int], algorithms: list[str], path: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    figure, (time_axes, rate_axes) = plt.subplots(1, 2, figsize=(12, 5))
+    for algorithm in algorithms:
+        placed = [dataclasses.replace(system, nodes=n) for n in counts]
+        time_axes.plot(counts, [sum(allreduce_seconds(s, algorithm, b) for b in bucket_sizes(s)) * 1e3 for s in placed],
+                       marker="o", label=algorithm)
+        rate_axes.plot(counts, [images_per_second_per_node(s, algorithm) for s in placed], marker="o", label=algorithm)
+    for axes in (time_axes, rate_axes):
+        axes.set_xscale("log", base=2)
+        axes.set_xlabel("nodes")
+        axes.grid(True, which="both", alpha=0.3)
+        axes.legend()
+    time_axes.set_yscale("log")
+    time_axes.set_ylabel("allreduce time per step (ms)")
+    rate_axes.set_ylabel("images/s per node")
+    figure.suptitle(f"model: {system.ranks_per_node} rank(s)/node, link {system.link_bandwidth / 1e9:g} GB/s, "
+                    f"{system.link_latency * 1e6:g} us, blocking {system.blocking:g}, compute {system.compute_seconds:g} s")
+    figure.tight_layout()
+    figure.savefig(path, dpi=110)
+    plt.close(figure)
+
+
+def comparison(system: System, measurements: list[Measurement]) -> list[str]:
+    lines = [f"# {'nodes':>5} {'r/node':>6} {'algorithm':>18} {'bytes':>10} {'measured us':>12} "
+             f"{'predicted us':>12} {'ratio':>6}"]
+    for m in measurements:
+        predicted = predict(system, m)
+        lines.append(f"  {m.nodes:>5} {m.ranks_per_node:>6} {m.algorithm:>18} {m.nbytes:>10} {m.seconds * 1e6:>12.1f} "
+                     f"{predicted * 1e6:>12.1f} {predicted / m.seconds:>6.2f}")
+    within = sum(abs(predict(system, m) / m.seconds - 1) <= 0.25 for m in measurements)
+    lines.append(f"# within 25%: {within} of {len(measurements)}")
+    return lines
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    overrides = {name: getattr(args, name) for name in _OPTIONS if getattr(args, name) is not None}
+    try:
+        system = dataclasses.replace(PRESETS[args.preset], **overrides).validate()
+        counts = node_counts(args.nodes)
+    except ValueError as error:
+        parser.error(str(error))
+    algorithms = [a.strip() for a in args.algorithms.split(",") if a.strip()]
+    unknown = [a for a in algorithms if a not in ALGORITHMS]
+    if unknown:
+        parser.error(f"--algorithms: unknown {', '.join(unknown)}; known: {', '.join(ALGORITHMS)}")
+    if args.fit:
+        measurements = load_measurements(args.fit)
+        if not measurements:
+            parser.error("--fit: no single-algorithm torus measurements in " + ", ".join(args.fit))
+        system = fit(system, measurements)
+        print(f"# fitted to {len(measurements)} measurements in {', '.join(args.fit)}: "
+              + ", ".join(f"{n}={getattr(system, n):.4g}" for n in FITTED))
+        print("\n".join(comparison(system, measurements)))
+    if args.compare:
+        measurements = load_measurements(args.compare)
+        if not measurements:
+            parser.error("--compare: no single-algorithm torus measurements in " + ", ".join(args.compare))
+        print(f"# predictions against {', '.join(args.compare)}")
+        print("\n".join(comparison(system, measurements)))
+    print("\n".join(table(system, counts, algorithms)))
+    if args.shapes_at:
+        print("\n".join(shapes_table(system, args.shapes_at)))
+    if args.plot:
+        plot(system, counts, algorithms, args.plot)
+        print(f"# wrote {args.plot}")
+
+
+if __name__ == "__main__":
+    main()

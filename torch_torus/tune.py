@@ -1,0 +1,173 @@
+"""Measure every applicable allreduce algorithm on the running job and write a tuning file.
+
+    torchrun --nproc-per-node 4 -m torch_torus.tune -b 4K -e 16M -o torus_tuning.json
+    TORUS_TUNING_FILE=torus_tuning.json torchrun --nproc-per-node 4 train.py
+    python -m torch_torus.tune --print torus_tuning.json     # as TORUS_ALLREDUCE range strings
+
+The algorithms are those `auto` chooses among for this job (torch_torus.selection's
+allreduce_candidates: the torus only where the job has a grid), each in its own process group
+with the job's other settings (TORUS_TORUS_DIMS, TORUS_TORUS_INNER, TORUS_CHUNK_BYTES, ...).
+At each size every algorithm is timed in turn, for several rounds, so that drift of the machine
+hits all alike; an algorithm's time at a size is the best round's (interference from other
+work only ever adds time), each round the mean of --iters calls on the slowest rank.
+
+The file keeps one entry per job layout (world size, torus grid, ranks per host); tuning a
+layout again replaces its entry and keeps the others. Runs under torchrun or any launcher that
+sets MASTER_ADDR, MASTER_PORT, RANK and WORLD_SIZE.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import os
+import sys
+import time
+
+import torch
+import torch.distributed as dist
+
+from . import tuning
+from .bench import human_size, parse_size
+from .config import Options, resolve
+from .selection import allreduce_candidates
+from .topology import choose_grid, choose_transport, host_identity
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="python -m torch_torus.tune", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("-b", "--min-bytes", type=parse_size, default=parse_size("4K"),
+                        help="smallest size (default: 4K)")
+    parser.add_argument("-e", "--max-bytes", type=parse_size, default=parse_size("16M"),
+                        help="largest size (default: 16M)")
+    parser.add_argument("-f", "--factor", type=int, default=4,
+                        help="size step factor (default: %(default)s)")
+    parser.add_argument("-n", "--iters", type=int, default=5, help="timed calls per round (default: %(default)s)")
+    parser.add_argument("-w", "--warmup", type=int, default=2,
+                        help="untimed calls before each round (default: %(default)s)")
+    parser.add_argument("-r", "--rounds", type=int, default=2,
+                        help="rounds per size and algorithm; the best counts (default: %(default)s)")
+    parser.add_argument("-o", "--output", default=None,
+                        help="tuning file to write (default: $TORUS_TUNING_FILE, else torus_tuning.json)")
+    parser.add_argument("--print", dest="print_file", metavar="FILE",
+                        help="print FILE's entries as TORUS_ALLREDUCE range strings and exit (no launcher needed)")
+    return parser
+
+
+def print_file(path: str) -> None:
+    for entry in tuning.read(path):
+        print(f"# {entry.layout}")
+        print(f'TORUS_ALLREDUCE="{entry.range_string}"')
+
+
+class Progress:
+    """A progress bar on rank 0's stderr: redrawn in place on a terminal, a line per size in a log."""
+
+    def __init__(self, total: int, enabled: bool):
+        self.total, self.done, self.enabled = total, 0, enabled
+        self.in_place = enabled and sys.stderr.isatty()
+        self.started = time.perf_counter()
+
+    def step(self, label: str, size_finished: bool) -> None:
+        self.done += 1
+        if not self.enabled or not (self.in_place or size_finished):
+            return
+        width = 30
+        filled = width * self.done // self.total
+        elapsed = time.perf_counter() - self.started
+        remaining = elapsed / self.done * (self.total - self.done)
+        line = (f"[{'#' * filled}{'.' * (width - filled)}] {self.done}/{self.total} {label:<28} "
+                f"{elapsed:5.0f} s, ~{remaining:.0f} s left")
+        print(("\r" + line) if self.in_place else line, end="" if self.in_place else "\n",
+              file=sys.stderr, flush=True)
+
+    def finish(self) -> None:
+        if self.in_place:
+            print(file=sys.stderr, flush=True)
+
+
+def sizes_to_measure(args: argparse.Namespace) -> list[int]:
+    sizes, size = [], args.min_bytes
+    while size <= args.max_bytes:
+        sizes.append(size)
+        size *= args.factor
+    return sizes
+
+
+def round_seconds(tensor: torch.Tensor, group: dist.ProcessGroup, args: argparse.Namespace,
+                  bootstrap: dist.ProcessGroup) -> float:
+    """Mean seconds per call over one round, on this rank; every call waited for in turn."""
+    for _ in range(args.warmup):
+        dist.all_reduce(tensor, group=group)
+    dist.barrier(group=bootstrap)
+    start = time.perf_counter()
+    for _ in range(args.iters):
+        dist.all_reduce(tensor, group=group)
+    return (time.perf_counter() - start) / args.iters
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if args.print_file:
+        print_file(args.print_file)
+        return
+    if args.min_bytes > args.max_bytes or args.factor < 2 or args.iters < 1 or args.warmup < 0 or args.rounds < 1:
+        parser.error("need --min-bytes <= --max-bytes, --factor >= 2, --iters >= 1, --warmup >= 0, --rounds >= 1")
+    output = args.output or os.environ.get(tuning.VARIABLE) or "torus_tuning.json"
+
+    import torch_torus  # noqa: F401  (registers the backend)
+
+    dist.init_process_group(backend="gloo")  # barriers and gathering times, alike for every algorithm
+    bootstrap = dist.group.WORLD
+    rank, world_size = dist.get_rank(), dist.get_world_size()
+    values = resolve(None)
+    hosts: list[str] = [""] * world_size
+    dist.all_gather_object(hosts, values["host_id"] or host_identity(), group=bootstrap)
+    grid = choose_grid(world_size, hosts, values["torus_dims"])
+    layout = tuning.Layout.of(hosts, grid)
+    algorithms = allreduce_candidates(grid, choose_transport(values["transport"], hosts))
+    # Each algorithm fixed for every size; tuning_file="" so that an existing file plays no part.
+    groups = {a: dist.new_group(backend="torus", pg_options=Options(allreduce=a, tuning_file=""))
+              for a in algorithms}
+    sizes = sizes_to_measure(args)
+    if rank == 0:
+        print(f"# torch_torus.tune: {layout}; algorithms {', '.join(algorithms)}; sizes "
+              f"{human_size(sizes[0])}-{human_size(sizes[-1])} x{args.factor}; {args.rounds} rounds of "
+              f"{args.iters} calls after {args.warmup} warmup", flush=True)
+
+    progress = Progress(len(sizes) * args.rounds * len(algorithms), enabled=rank == 0)
+    time_us: dict[str, list[float]] = {a: [] for a in algorithms}
+    for size in sizes:
+        tensor = torch.zeros(max(1, size // 4), dtype=torch.float32)
+        best = torch.full((len(algorithms),), float("inf"), dtype=torch.float64)
+        for round_index in range(args.rounds):
+            seconds = torch.zeros(len(algorithms), dtype=torch.float64)
+            for index, algorithm in enumerate(algorithms):
+                seconds[index] = round_seconds(tensor, groups[algorithm], args, bootstrap)
+                last = round_index == args.rounds - 1 and index == len(algorithms) - 1
+                progress.step(f"{human_size(size)} {algorithm}", size_finished=last)
+            dist.all_reduce(seconds, op=dist.ReduceOp.MAX, group=bootstrap)  # the slowest rank
+            best = torch.minimum(best, seconds)
+        for index, algorithm in enumerate(algorithms):
+            time_us[algorithm].append(best[index].item() * 1e6)
+    progress.finish()
+
+    if rank == 0:
+        about = {"created": datetime.datetime.now().astimezone().isoformat(timespec="seconds"),
+                 "torch": torch.__version__, "torus_inner": values["torus_inner"],
+                 "chunk_bytes": values["chunk_bytes"], "iters": args.iters, "rounds": args.rounds}
+        entry = tuning.make_entry(layout, sizes, time_us, about)
+        tuning.write(output, entry)
+        print(f"# {'size':>10} " + " ".join(f"{a:>18}" for a in algorithms) + "   (us, best round)")
+        for i, size in enumerate(sizes):
+            print(f"  {size:>10} " + " ".join(f"{time_us[a][i]:>18.1f}" for a in algorithms)
+                  + f"   {min(algorithms, key=lambda a: time_us[a][i])}")
+        print(f"# wrote {output}: {layout}")
+        print(f'TORUS_ALLREDUCE="{entry["allreduce"]}"', flush=True)
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,172 @@
+"""Tuning files: the allreduce table measured on a running job, for `auto` to use later.
+
+`python -m torch_torus.tune` writes one; TORUS_TUNING_FILE names it. A file holds entries keyed
+by the job's layout: world size, torus grid shape and ranks per host. A group whose layout
+matches an entry takes that entry's table as its automatic allreduce choice; other groups keep
+the cost model. User rules (TORUS_ALLREDUCE) still win over both.
+
+    {"format": "torch_torus tuning", "version": 1,
+     "entries": [{"world_size": 4, "grid": [2, 2], "ranks_per_host": [4],
+                  "allreduce": "recursive_doubling:0-262143;ring:262144-max",
+                  "measured": {"sizes": [...], "time_us": {"ring": [...], ...}}, ...}]}
+
+The version changes whenever the meaning of a field changes; a file of another version is
+refused rather than guessed at, since a misread table silently slows every step of training.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from dataclasses import dataclass
+
+from .config import MAX_BYTES, ConfigError, Rule, parse_rules
+from .topology import Grid
+
+FORMAT = "torch_torus tuning"
+VERSION = 1
+VARIABLE = "TORUS_TUNING_FILE"
+
+
+@dataclass(frozen=True)
+class Layout:
+    """What a tuned table depends on: the same algorithms rank differently on another layout."""
+
+    world_size: int
+    grid: tuple[int, int] | None  # rows x columns of the torus, None when there is no grid
+    ranks_per_host: tuple[int, ...]  # in order of each host's lowest rank
+
+    @classmethod
+    def of(cls, hosts: list[str], grid: Grid | None) -> "Layout":
+        counts: dict[str, int] = {}
+        for host in hosts:
+            counts[host] = counts.get(host, 0) + 1
+        return cls(len(hosts), grid.shape if grid else None, tuple(counts.values()))
+
+    def to_json(self) -> dict:
+        return {"world_size": self.world_size, "grid": list(self.grid) if self.grid else None,
+                "ranks_per_host": list(self.ranks_per_host)}
+
+    def __str__(self) -> str:
+        grid = f"{self.grid[0]}x{self.grid[1]} grid" if self.grid else "no grid"
+        per_host = ",".join(str(k) for k in self.ranks_per_host)
+        return f"{self.world_size} ranks, {grid}, {len(self.ranks_per_host)} host(s) with {per_host} ranks"
+
+
+@dataclass(frozen=True)
+class Entry:
+    layout: Layout
+    allreduce: tuple[Rule, ...]
+    record: dict  # the entry as stored, measurements included
+
+    @property
+    def range_string(self) -> str:
+        """The table as a TORUS_ALLREDUCE value."""
+        return ";".join(str(rule) for rule in self.allreduce)
+
+
+def rules_from_measurements(sizes: list[int], time_us: dict[str, list[float]]) -> tuple[Rule, ...]:
+    """A table covering every size: the fastest algorithm at each measured size, switching at the
+    geometric mean of two measured sizes (they are spaced by a factor, so that is halfway on the
+    scale they were chosen on). Below the smallest and above the largest size the nearest
+    measurement's winner applies."""
+    if not sizes or any(len(times) != len(sizes) for times in time_us.values()):
+        raise ValueError("every algorithm needs one time per measured size")
+    order = sorted(range(len(sizes)), key=lambda i: sizes[i])
+    winners = [min(time_us, key=lambda a: time_us[a][i]) for i in order]
+    ordered = [sizes[i] for i in order]
+    rules: list[Rule] = []
+    lo = 0
+    for k, winner in enumerate(winners):
+        hi = MAX_BYTES if k == len(winners) - 1 else math.isqrt(ordered[k] * ordered[k + 1])
+        if rules and rules[-1].algorithm == winner:
+            rules[-1] = Rule(winner, rules[-1].lo, hi)
+        else:
+            rules.append(Rule(winner, lo, hi))
+        lo = hi + 1
+    return tuple(rules)
+
+
+def make_entry(layout: Layout, sizes: list[int], time_us: dict[str, list[float]], about: dict) -> dict:
+    """An entry as stored: the layout key, the chosen table and the measurements behind it."""
+    rules = rules_from_measurements(sizes, time_us)
+    return {**layout.to_json(), "allreduce": ";".join(str(r) for r in rules),
+            "measured": {"sizes": list(sizes), "time_us": time_us}, **about}
+
+
+def _problem(path: str, what: str) -> ConfigError:
+    return ConfigError(f"{VARIABLE}={path!r}: {what}")
+
+
+def _layout_of(record: dict, where: str, path: str) -> Layout:
+    try:
+        world_size = int(record["world_size"])
+        grid = record["grid"]
+        grid = None if grid is None else (int(grid[0]), int(grid[1]))
+        ranks_per_host = tuple(int(k) for k in record["ranks_per_host"])
+    except (KeyError, TypeError, ValueError, IndexError) as error:
+        raise _problem(path, f"{where} lacks a valid world_size, grid ([rows, columns] or null) and "
+                             f"ranks_per_host ({type(error).__name__}: {error})") from None
+    if sum(ranks_per_host) != world_size:
+        raise _problem(path, f"{where}: ranks_per_host {list(ranks_per_host)} do not add up to "
+                             f"world_size {world_size}")
+    return Layout(world_size, grid, ranks_per_host)
+
+
+def read(path: str) -> list[Entry]:
+    """Every entry of a tuning file; a ConfigError naming the file and what is wrong otherwise."""
+    try:
+        with open(path) as file:
+            document = json.load(file)
+    except OSError as error:
+        raise _problem(path, f"cannot be read ({error.strerror or error})") from None
+    except json.JSONDecodeError as error:
+        raise _problem(path, f"is not JSON ({error})") from None
+    if not isinstance(document, dict) or document.get("format") != FORMAT:
+        raise _problem(path, f"is not a tuning file (no \"format\": \"{FORMAT}\"); "
+                             "python -m torch_torus.tune writes them")
+    if document.get("version") != VERSION:
+        raise _problem(path, f"is version {document.get('version')!r}, and this torch_torus reads "
+                             f"version {VERSION}; tune again with python -m torch_torus.tune")
+    records = document.get("entries")
+    if not isinstance(records, list):
+        raise _problem(path, "has no \"entries\" list")
+    entries = []
+    for index, record in enumerate(records):
+        where = f"entry {index}"
+        if not isinstance(record, dict):
+            raise _problem(path, f"{where} is not an object")
+        layout = _layout_of(record, where, path)
+        try:
+            rules = parse_rules(str(record.get("allreduce", "")), "allreduce")
+        except ValueError as error:
+            raise _problem(path, f"{where} ({layout}): allreduce {record.get('allreduce')!r}: {error}") from None
+        if not rules or rules[0].lo != 0 or rules[-1].hi != MAX_BYTES or any(
+                after.lo != before.hi + 1 for before, after in zip(rules, rules[1:])):
+            raise _problem(path, f"{where} ({layout}): allreduce {record.get('allreduce')!r} does not "
+                                 "cover every size from 0 to max")
+        entries.append(Entry(layout, rules, record))
+    return entries
+
+
+def write(path: str, entry: dict) -> None:
+    """Add `entry` to the file at `path` (created if missing), replacing one of the same layout."""
+    layout = _layout_of(entry, "the new entry", path)
+    # A damaged file or one of another version raises here: it is the user's to look at, not
+    # ours to overwrite.
+    kept = [e.record for e in read(path) if e.layout != layout] if os.path.exists(path) else []
+    with open(path, "w") as file:
+        json.dump({"format": FORMAT, "version": VERSION, "entries": kept + [entry]}, file, indent=1)
+        file.write("\n")
+
+
+def tuned_allreduce(path: str, hosts: list[str], grid: Grid | None) -> tuple[Rule, ...] | None:
+    """The tuned table for a group of this layout, or None without a file or a matching entry."""
+    if not path:
+        return None
+    layout = Layout.of(hosts, grid)
+    for entry in read(path):
+        if entry.layout == layout:
+            return entry.allreduce
+    return None
