@@ -2,34 +2,84 @@
 
 Install with ``pip install --no-build-isolation .``: an isolated build environment would pull
 an unpinned (CUDA) torch instead of the one the extension must link against.
+
+The CUDA kernels (csrc/**/*.cu) are compiled in when torch has CUDA and a CUDA toolkit is
+found; otherwise the extension is built CPU-only from the same C++ sources.
+TORUS_BUILD_CUDA=0 forces the CPU-only build (e.g. a toolkit whose major version differs from
+torch's, which torch's build refuses), TORUS_BUILD_CUDA=1 makes a missing CUDA an error.
 """
 
 import glob
 import os
 
+import torch
 from setuptools import find_packages, setup
-from torch.utils.cpp_extension import BuildExtension, CppExtension
+from torch.utils.cpp_extension import CUDA_HOME, BuildExtension, CppExtension, CUDAExtension
 
 ROOT = os.path.dirname(os.path.abspath(__file__))
-sources = sorted(
-    os.path.relpath(path, ROOT)
-    for pattern in ("csrc/*.cpp", "csrc/**/*.cc")
-    for path in glob.glob(os.path.join(ROOT, pattern), recursive=True)
-)
+CXX_FLAGS = ["-O3", "-std=c++17", "-Wall", "-Wno-unused-parameter"]
+
+
+def sources_matching(*patterns):
+    return sorted(
+        os.path.relpath(path, ROOT)
+        for pattern in patterns
+        for path in glob.glob(os.path.join(ROOT, pattern), recursive=True)
+    )
+
+
+def why_not_cuda():
+    """None when the CUDA kernels can be built, else the reason they are not."""
+    if torch.version.cuda is None:
+        return f"torch {torch.__version__} has no CUDA"
+    if CUDA_HOME is None:
+        return "no CUDA toolkit found (set CUDA_HOME or put nvcc on PATH)"
+    return None
+
+
+def build_cuda():
+    choice = os.environ.get("TORUS_BUILD_CUDA", "auto")
+    if choice not in ("auto", "0", "1"):
+        raise SystemExit(f"TORUS_BUILD_CUDA={choice!r}: expected auto, 0 or 1")
+    if choice == "0":
+        print("torch-torus: building CPU-only (TORUS_BUILD_CUDA=0)")
+        return False
+    reason = why_not_cuda()
+    if reason is not None:
+        if choice == "1":
+            raise SystemExit(f"TORUS_BUILD_CUDA=1 but the CUDA kernels cannot be built: {reason}")
+        print(f"torch-torus: building CPU-only: {reason}")
+        return False
+    print(f"torch-torus: building with the CUDA kernels (toolkit {CUDA_HOME}, "
+          f"torch CUDA {torch.version.cuda})")
+    return True
+
+
+cpp_sources = sources_matching("csrc/*.cpp", "csrc/**/*.cc")
+include_dirs = [os.path.join(ROOT, "csrc")]
+if build_cuda():
+    extension = CUDAExtension(
+        name="torch_torus._C",
+        sources=cpp_sources + sources_matching("csrc/**/*.cu"),
+        include_dirs=include_dirs,
+        define_macros=[("TORUS_WITH_CUDA", "1")],
+        # No --use_fast_math: AVG divides exactly, as the CPU path does.
+        extra_compile_args={"cxx": CXX_FLAGS, "nvcc": ["-O3", "-std=c++17"]},
+    )
+else:
+    extension = CppExtension(
+        name="torch_torus._C",
+        sources=cpp_sources,
+        include_dirs=include_dirs,
+        extra_compile_args=CXX_FLAGS,
+    )
 
 setup(
     name="torch-torus",
     version="0.1.0",
     description="Ring and 2D-torus collective communication backend for torch.distributed",
     packages=find_packages(include=["torch_torus", "torch_torus.*"]),
-    ext_modules=[
-        CppExtension(
-            name="torch_torus._C",
-            sources=sources,
-            include_dirs=[os.path.join(ROOT, "csrc")],
-            extra_compile_args=["-O3", "-std=c++17", "-Wall", "-Wno-unused-parameter"],
-        )
-    ],
+    ext_modules=[extension],
     cmdclass={"build_ext": BuildExtension.with_options(use_ninja=True)},
     python_requires=">=3.9",
 )

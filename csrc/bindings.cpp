@@ -4,8 +4,36 @@
 #include <torch/python.h>
 
 #include "backend/process_group_torus.h"
+#ifdef TORUS_WITH_CUDA
+#include "reduce/cuda/reduce_cuda.h"
+#endif
 
 namespace py = pybind11;
+
+#ifdef TORUS_WITH_CUDA
+namespace {
+
+// The dtype or op whose name (dataTypeName, reduceKindName) is `name`, for the kernel hooks.
+template <class Enum>
+Enum byName(const std::string& name, const char* (*nameOf)(Enum), int count, const char* what) {
+  for (int i = 0; i < count; ++i) {
+    if (name == nameOf(static_cast<Enum>(i))) {
+      return static_cast<Enum>(i);
+    }
+  }
+  throw py::value_error(std::string("torus: unknown ") + what + " '" + name + "'");
+}
+
+torus::DataType dataTypeNamed(const std::string& name) {
+  return byName(name, &torus::dataTypeName, static_cast<int>(torus::DataType::kBool) + 1, "dtype");
+}
+
+torus::ReduceKind reduceKindNamed(const std::string& name) {
+  return byName(name, &torus::reduceKindName, static_cast<int>(torus::ReduceKind::kBxor) + 1, "reduce op");
+}
+
+} // namespace
+#endif
 
 PYBIND11_MODULE(_C, module) {
   module.doc() = "torch-torus: collective communication backend for torch.distributed";
@@ -44,4 +72,33 @@ PYBIND11_MODULE(_C, module) {
             return std::string(torus::algorithmName(group.algorithmFor(collective, nbytes)));
           },
           py::arg("collective"), py::arg("nbytes"));
+
+#ifdef TORUS_WITH_CUDA
+  module.attr("built_with_cuda") = true;
+  // The CUDA kernels on raw device pointers and a raw cudaStream_t (torch.cuda.Stream's
+  // cuda_stream), so tests can check them against the CPU reference without the backend.
+  module.def(
+      "_reduce_sources_cuda",
+      [](const std::string& dtype, const std::string& op, uintptr_t dst, const std::vector<uintptr_t>& srcs,
+         size_t count, uintptr_t stream) {
+        std::vector<const void*> pointers;
+        for (uintptr_t src : srcs) {
+          pointers.push_back(reinterpret_cast<const void*>(src));
+        }
+        torus::cuda::reduceSourcesOnDevice(dataTypeNamed(dtype), reduceKindNamed(op), reinterpret_cast<void*>(dst),
+                                           pointers.data(), static_cast<int>(pointers.size()), count,
+                                           reinterpret_cast<cudaStream_t>(stream));
+      },
+      py::arg("dtype"), py::arg("op"), py::arg("dst"), py::arg("srcs"), py::arg("count"), py::arg("stream"));
+  module.def(
+      "_scale_cuda",
+      [](const std::string& dtype, bool divide, uintptr_t buf, size_t count, double factor, uintptr_t stream) {
+        torus::cuda::scaleOnDevice(dataTypeNamed(dtype),
+                                   divide ? torus::cuda::ScaleKind::kDivide : torus::cuda::ScaleKind::kMultiply,
+                                   reinterpret_cast<void*>(buf), count, factor, reinterpret_cast<cudaStream_t>(stream));
+      },
+      py::arg("dtype"), py::arg("divide"), py::arg("buf"), py::arg("count"), py::arg("factor"), py::arg("stream"));
+#else
+  module.attr("built_with_cuda") = false;
+#endif
 }

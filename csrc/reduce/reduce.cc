@@ -344,23 +344,6 @@ ReduceFn intKernel(ReduceKind kind, Isa isa) {
   return nullptr;
 }
 
-// torch stores bool as one byte holding 0 or 1, so the logical ops are the bitwise ones on it.
-ReduceKind boolKind(ReduceKind kind) {
-  switch (kind) {
-    case ReduceKind::kSum:
-    case ReduceKind::kMax:
-    case ReduceKind::kBor:
-      return ReduceKind::kBor;
-    case ReduceKind::kProduct:
-    case ReduceKind::kMin:
-    case ReduceKind::kBand:
-      return ReduceKind::kBand;
-    case ReduceKind::kBxor:
-      return ReduceKind::kBxor;
-  }
-  return kind;
-}
-
 } // namespace
 
 size_t elementSize(DataType dtype) {
@@ -471,6 +454,22 @@ const char* isaName(Isa isa) {
   return "unknown";
 }
 
+ReduceKind boolReduceKind(ReduceKind kind) {
+  switch (kind) {
+    case ReduceKind::kSum:
+    case ReduceKind::kMax:
+    case ReduceKind::kBor:
+      return ReduceKind::kBor;
+    case ReduceKind::kProduct:
+    case ReduceKind::kMin:
+    case ReduceKind::kBand:
+      return ReduceKind::kBand;
+    case ReduceKind::kBxor:
+      return ReduceKind::kBxor;
+  }
+  return kind;
+}
+
 Reducer makeReducer(DataType dtype, ReduceKind kind) {
   return makeReducer(dtype, kind, bestIsa());
 }
@@ -510,7 +509,7 @@ Reducer makeReducer(DataType dtype, ReduceKind kind, Isa isa) {
       reducer.fn = intKernel<uint8_t>(kind, isa);
       break;
     case DataType::kBool:
-      reducer.fn = intKernel<uint8_t>(boolKind(kind), isa);
+      reducer.fn = intKernel<uint8_t>(boolReduceKind(kind), isa);
       break;
   }
   return reducer;

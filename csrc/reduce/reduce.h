@@ -53,9 +53,13 @@ struct Reducer {
 };
 
 // Returns the kernel for (dtype, kind), or a Reducer with fn == nullptr when the pair is not
-// supported (bitwise ops on floating-point types). Bool: SUM and MAX are OR, PRODUCT and MIN are
-// AND, BXOR is XOR.
+// supported (bitwise ops on floating-point types). Bool: see boolReduceKind.
 Reducer makeReducer(DataType dtype, ReduceKind kind);
+
+// torch stores bool as one byte holding 0 or 1, so a bool reduction is the bitwise op on that
+// byte: SUM and MAX are BOR, PRODUCT and MIN are BAND, BXOR stays. The CUDA kernels map bool the
+// same way.
+ReduceKind boolReduceKind(ReduceKind kind);
 
 // Instruction sets the kernels are built for, narrowest first. makeReducer(dtype, kind) uses
 // bestIsa(); naming one lets tests and benchmarks reach every variant on one machine.
