@@ -120,8 +120,9 @@ def test_torus_default_grid_and_prime_fallback(backend, world_size):
 
 
 def _case_host_rows(ctx):
-    # Two fake hosts with interleaved ranks: rows must follow the hosts, not rank order.
-    group = _group(ctx, allreduce="torus", host_id=f"host{ctx.rank % 2}")
+    # Two fake hosts with interleaved ranks: rows must follow the hosts, not rank order. Ranks
+    # on different hosts cannot use shared memory, so the transport is left to auto (tcp).
+    group = _group(ctx, allreduce="torus", host_id=f"host{ctx.rank % 2}", transport="auto")
     return _check_allreduce(ctx, group, "float64", "SUM", "torus on host rows")
 
 

@@ -47,6 +47,8 @@ struct alignas(kLine) SharedPosting {
 struct ControlBlock {
   uint64_t magic;
   int32_t pid;
+  // Set when the owner destroys its transport: its exit afterwards is a departure, not a death.
+  std::atomic<uint32_t> left;
   alignas(kLine) std::atomic<uint32_t> doorbell;
   std::atomic<uint32_t> sleepers;
   alignas(kLine) std::atomic<uint64_t> delivered;
@@ -207,7 +209,16 @@ ShmTransport::ShmTransport(int rank, int size, Rendezvous& rendezvous)
   connectAll(rendezvous);
 }
 
-ShmTransport::~ShmTransport() = default;
+ShmTransport::~ShmTransport() {
+  if (self_->base != nullptr) {
+    self_->control()->left.store(1, std::memory_order_seq_cst);
+    for (auto& peer : peers_) {
+      if (peer) {
+        ring(peer->rank);
+      }
+    }
+  }
+}
 
 void ShmTransport::connectAll(Rendezvous& rendezvous) {
   const size_t bytes = segmentBytes(size_);
@@ -627,11 +638,17 @@ void ShmTransport::failPeer(Peer& peer, const std::string& why) {
 
 void ShmTransport::checkLiveness() {
   for (auto& peer : peers_) {
-    if (!peer || !peer->failure.empty() || peer->pidfd < 0) {
+    if (!peer || !peer->failure.empty()) {
+      continue;
+    }
+    if (peer->segment.control()->left.load(std::memory_order_acquire) != 0) {
+      // Requests still owed by a rank that destroyed its group fail; the group lives on.
+      peer->failure = "rank " + std::to_string(peer->rank) + " left the group (destroyed its process group)";
+      failPending(*peer, CommError::Kind::kPeer, peer->failure);
       continue;
     }
     pollfd pfd{peer->pidfd, POLLIN, 0};
-    if (::poll(&pfd, 1, 0) > 0) {
+    if (peer->pidfd >= 0 && ::poll(&pfd, 1, 0) > 0) {
       failPeer(*peer, "rank " + std::to_string(peer->rank) + " (pid " + std::to_string(peer->pid) +
                           ") exited: the process ended or was killed");
     }

@@ -27,6 +27,9 @@ struct WireHeader {
 };
 
 constexpr uint32_t kHelloMagic = 0x746f7275; // "toru"
+// The last header a transport sends on each connection when it is destroyed: the end of the
+// stream that follows is a departure, not a death.
+constexpr uint64_t kGoodbyeTag = UINT64_MAX;
 
 struct Hello {
   uint32_t magic;
@@ -145,6 +148,8 @@ struct TcpTransport::Pair {
 
   std::map<uint64_t, std::deque<std::shared_ptr<Op>>> posted;
   std::map<uint64_t, std::deque<std::vector<char>>> arrived;
+  // The peer said goodbye: it destroyed its group, so its end of stream is no failure of ours.
+  bool left = false;
 };
 
 TcpTransport::TcpTransport(int rank, int size, Rendezvous& rendezvous, const TcpOptions& options)
@@ -170,8 +175,14 @@ TcpTransport::TcpTransport(int rank, int size, Rendezvous& rendezvous, const Tcp
 }
 
 TcpTransport::~TcpTransport() {
+  const WireHeader goodbye{kGoodbyeTag, 0};
   for (auto& pair : pairs_) {
     if (pair && pair->fd >= 0) {
+      // Best effort, only between whole messages: a connection mid-message (or full) just closes.
+      if (pair->failure.empty() && pair->headSent == 0) {
+        ssize_t ignored = ::send(pair->fd, &goodbye, sizeof(goodbye), MSG_NOSIGNAL | MSG_DONTWAIT);
+        (void)ignored;
+      }
       ::close(pair->fd);
     }
   }
@@ -426,7 +437,13 @@ bool TcpTransport::tryRecv(Pair& pair) {
     }
     ssize_t got = want == 0 ? 0 : ::recv(pair.fd, dst, want, MSG_DONTWAIT);
     if (want > 0 && got == 0) {
-      failPair(pair, "rank " + std::to_string(pair.peer) + " closed its connection (the process exited or was killed)");
+      if (pair.left) {
+        // Requests still owed by a rank that destroyed its group fail; the group lives on.
+        pair.failure = "rank " + std::to_string(pair.peer) + " left the group (destroyed its process group)";
+        failPending(pair, CommError::Kind::kPeer, pair.failure);
+      } else {
+        failPair(pair, "rank " + std::to_string(pair.peer) + " closed its connection (the process exited or was killed)");
+      }
       return true;
     }
     if (got < 0) {
@@ -442,6 +459,10 @@ bool TcpTransport::tryRecv(Pair& pair) {
         continue;
       }
       pair.headerRead = 0;
+      if (pair.header.tag == kGoodbyeTag) {
+        pair.left = true;
+        continue;
+      }
       pair.inPayload = true;
       pair.payloadRead = 0;
       pair.discard = false;
