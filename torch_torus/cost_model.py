@@ -10,8 +10,9 @@ for n ranks and S bytes (p: the largest power of two <= n; the torus: r rows of 
     rabenseifner        2 log2 p steps, 2S(p-1)/p sent, plus the fold and unfold when n != p
     torus               a ring reduce-scatter and allgather along the rows, the inner
                         algorithm on S/c along the columns
-    one_shot            1 step; S copied into shared memory, n*S reduced (shm only)
-    two_shot            2 steps; 2S(n-1)/n copied between processes, S(n-1)/n reduced (shm only)
+    one_shot            1 step; S copied into shared memory, (n-1)S reduced (shm only)
+    two_shot            2 steps; 2S(n-1)/n copied between processes, S(n-1)/n reduced, no
+                        messages (shm only)
 
 The machine figures, one set per transport, were measured on the development machine
 (BENCHMARKS.md).
@@ -40,7 +41,8 @@ class Machine:
 # Fitted to the 4- and 8-rank runs of BENCHMARKS.md (2 cores, TCP loopback, ranks outnumbering
 # cores) by benchmarks/fit_cost_model.py.
 DEFAULT_MACHINE = Machine(latency=260e-6, bandwidth=0.41e9, reduce_rate=2.5e9, message_overhead=230e-6)
-SHM_MACHINE = Machine(latency=20e-6, bandwidth=2.0e9, reduce_rate=2.5e9, message_overhead=10e-6)
+# Fitted to the 4- and 8-rank shared-memory runs (benchmarks/results/cost_model_fit_shm.txt).
+SHM_MACHINE = Machine(latency=120e-6, bandwidth=3.51e9, reduce_rate=2.19e9, message_overhead=58e-6)
 MACHINES = {"tcp": DEFAULT_MACHINE, "shm": SHM_MACHINE}
 
 
@@ -80,9 +82,9 @@ def allreduce_terms(algorithm: str, nbytes: int, n: int, grid_shape: tuple[int, 
     if algorithm == "rabenseifner":
         return Terms(2 * math.log2(p), 2 * (p - 1) / p * s, (p - 1) / p * s, 0) + fold
     if algorithm == "one_shot":
-        return Terms(1, s, n * s, 0)
+        return Terms(1, s, (n - 1) * s, 0)
     if algorithm == "two_shot":
-        return Terms(2, 2 * (n - 1) / n * s, (n - 1) / n * s, 2 * (n - 2))
+        return Terms(2, 2 * (n - 1) / n * s, (n - 1) / n * s, 0)
     if algorithm == "torus":
         if grid_shape is None:
             return allreduce_terms("ring", nbytes, n)

@@ -20,10 +20,13 @@ _AUTO_THRESHOLDS = {
 def allreduce_candidates(grid: Grid | None, transport: str = "tcp") -> tuple[str, ...]:
     """The allreduce algorithms auto chooses among for a group (and the tuner measures): the
     torus only where the group has a grid, since without one it runs as the ring; one_shot and
-    two_shot only over shared memory."""
-    return tuple(a for a in ALGORITHMS["allreduce"]
-                 if (a != "torus" or grid is not None)
-                 and (a not in SHARED_MEMORY_ALGORITHMS or transport == "shm"))
+    two_shot only over shared memory, and listed first there."""
+    usable = [a for a in ALGORITHMS["allreduce"] if a != "torus" or grid is not None]
+    if transport != "shm":
+        return tuple(a for a in usable if a not in SHARED_MEMORY_ALGORITHMS)
+    # First where the model ties: over shared memory they move the same bytes as ring and
+    # recursive doubling with fewer copies and no message protocol.
+    return tuple(sorted(usable, key=lambda a: a not in SHARED_MEMORY_ALGORITHMS))
 
 
 def auto_rules(collective: str, size: int, grid: Grid | None, inner: str, transport: str = "tcp",
