@@ -108,6 +108,22 @@ void copyOut(char* dst, const char* ring, uint64_t pos, size_t n) {
   std::memcpy(dst + first, ring, n - first);
 }
 
+// Moves nbytes between this process's `local` and another process's `remote` address, by
+// process_vm_readv (read) or process_vm_writev; false, with errno set, when the kernel refuses.
+bool crossCopy(int pid, char* local, uint64_t remote, size_t nbytes, bool read) {
+  size_t done = 0;
+  while (done < nbytes) {
+    iovec here{local + done, nbytes - done};
+    iovec there{reinterpret_cast<void*>(remote + done), nbytes - done};
+    ssize_t moved = read ? ::process_vm_readv(pid, &here, 1, &there, 1, 0) : ::process_vm_writev(pid, &here, 1, &there, 1, 0);
+    if (moved <= 0) {
+      return false;
+    }
+    done += static_cast<size_t>(moved);
+  }
+  return true;
+}
+
 std::string mismatch(int peer, size_t sent, size_t expected) {
   return "message from rank " + std::to_string(peer) + " has " + std::to_string(sent) + " bytes where " +
          std::to_string(expected) + " were expected";
@@ -284,9 +300,7 @@ void ShmTransport::connectAll(Rendezvous& rendezvous) {
     peer->inRing = self_->ring(r);
     // Can this process read the peer's memory directly? Probe with the peer's magic number.
     uint64_t probe = 0;
-    iovec local{&probe, sizeof(probe)};
-    iovec remote{reinterpret_cast<void*>(peerBase), sizeof(probe)};
-    readsAll = readsAll && ::process_vm_readv(peer->pid, &local, 1, &remote, 1, 0) == sizeof(probe) &&
+    readsAll = readsAll && crossCopy(peer->pid, reinterpret_cast<char*>(&probe), peerBase, sizeof(probe), true) &&
                probe == kSegmentMagic;
     peers_[r] = std::move(peer);
   }
@@ -331,16 +345,9 @@ RequestPtr ShmTransport::isend(int peer, uint64_t tag, const void* buf, size_t n
 }
 
 void ShmTransport::readSingleCopy(Peer& peer, Op& op, uint64_t address) {
-  size_t done = 0;
-  while (done < op.nbytes) {
-    iovec local{op.buf + done, op.nbytes - done};
-    iovec remote{reinterpret_cast<void*>(address + done), op.nbytes - done};
-    ssize_t got = ::process_vm_readv(peer.pid, &local, 1, &remote, 1, 0);
-    if (got <= 0) {
-      op.fail(CommError::Kind::kPeer, systemError("cannot read rank " + std::to_string(peer.rank) + "'s memory"));
-      return;
-    }
-    done += static_cast<size_t>(got);
+  if (!crossCopy(peer.pid, op.buf, address, op.nbytes, true)) {
+    op.fail(CommError::Kind::kPeer, systemError("cannot read rank " + std::to_string(peer.rank) + "'s memory"));
+    return;
   }
   op.complete = true;
 }
@@ -844,28 +851,14 @@ ShmTransport::Posting ShmTransport::waitPosted(int peer, uint64_t epoch, Deadlin
 }
 
 void ShmTransport::readPeer(int peer, uint64_t address, void* dst, size_t nbytes) {
-  size_t done = 0;
-  while (done < nbytes) {
-    iovec local{static_cast<char*>(dst) + done, nbytes - done};
-    iovec remote{reinterpret_cast<void*>(address + done), nbytes - done};
-    ssize_t got = ::process_vm_readv(peers_[peer]->pid, &local, 1, &remote, 1, 0);
-    if (got <= 0) {
-      throw CommError(CommError::Kind::kPeer, systemError("cannot read rank " + std::to_string(peer) + "'s memory"));
-    }
-    done += static_cast<size_t>(got);
+  if (!crossCopy(peers_[peer]->pid, static_cast<char*>(dst), address, nbytes, true)) {
+    throw CommError(CommError::Kind::kPeer, systemError("cannot read rank " + std::to_string(peer) + "'s memory"));
   }
 }
 
 void ShmTransport::writePeer(int peer, uint64_t address, const void* src, size_t nbytes) {
-  size_t done = 0;
-  while (done < nbytes) {
-    iovec local{const_cast<char*>(static_cast<const char*>(src)) + done, nbytes - done};
-    iovec remote{reinterpret_cast<void*>(address + done), nbytes - done};
-    ssize_t got = ::process_vm_writev(peers_[peer]->pid, &local, 1, &remote, 1, 0);
-    if (got <= 0) {
-      throw CommError(CommError::Kind::kPeer, systemError("cannot write rank " + std::to_string(peer) + "'s memory"));
-    }
-    done += static_cast<size_t>(got);
+  if (!crossCopy(peers_[peer]->pid, const_cast<char*>(static_cast<const char*>(src)), address, nbytes, false)) {
+    throw CommError(CommError::Kind::kPeer, systemError("cannot write rank " + std::to_string(peer) + "'s memory"));
   }
 }
 
