@@ -34,11 +34,11 @@
 #include <vector>
 
 #include "transport/rendezvous.h"
-#include "transport/transport.h"
+#include "transport/polled_transport.h"
 
 namespace torus {
 
-class ShmTransport : public Transport {
+class ShmTransport : public PolledTransport {
  public:
   // Messages above this size go by single copy when the receiver can read the sender's memory.
   static constexpr size_t kSingleCopyBytes = 64 * 1024;
@@ -60,8 +60,6 @@ class ShmTransport : public Transport {
 
   RequestPtr isend(int peer, uint64_t tag, const void* buf, size_t nbytes) override;
   RequestPtr irecv(int peer, uint64_t tag, void* buf, size_t nbytes) override;
-  void wait(const std::vector<RequestPtr>& requests, Deadline deadline) override;
-  bool test(const RequestPtr& request) override;
   void abort(const std::string& why) override;
 
   // ---- Collective support: for the worker thread that runs the group's collectives. ----
@@ -108,20 +106,17 @@ class ShmTransport : public Transport {
   // transport's lock) returns true. Throws on deadline, abort, or a dead peer.
   template <typename Ready>
   void waitUntil(Ready ready, Deadline deadline, const std::function<std::string()>& waitingFor);
-  void progress(std::unique_lock<std::mutex>& lock, Deadline deadline);
-  bool tryAll();
+  void progress(std::unique_lock<std::mutex>& lock, Deadline deadline) override;
+  bool tryAll() override;
   bool trySend(Peer& peer);
   bool tryRecv(Peer& peer);
   void readSingleCopy(Peer& peer, Op& op, uint64_t address);
   void queueAck(Peer& peer, uint64_t sequence);
   std::shared_ptr<Op> matchPosted(Peer& peer, uint64_t tag);
-  void deliverHeld(Peer& peer, Op& op);
   void failPending(Peer& peer, CommError::Kind kind, const std::string& why);
   void failPeer(Peer& peer, const std::string& why);
   void checkLiveness();
   void ring(int peer);
-  void throwIfFailed(const Op& op) const;
-  std::string describePending(const std::vector<RequestPtr>& requests) const;
 
   const int rank_;
   const int size_;
@@ -131,9 +126,6 @@ class ShmTransport : public Transport {
   uint64_t epoch_ = 0;
   uint64_t deliveriesAwaited_ = 0;
 
-  mutable std::mutex mutex_;
-  std::condition_variable progressed_;
-  bool progressing_ = false;
   std::atomic<bool> aborted_{false};
   std::string abortReason_;
   std::map<uint64_t, std::deque<std::shared_ptr<Op>>> anyPeerReceives_;

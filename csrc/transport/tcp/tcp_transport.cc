@@ -104,27 +104,8 @@ sockaddr_in parseAddress(const std::string& host, int port) {
 
 } // namespace
 
-struct TcpTransport::Op : Request {
-  bool isSend = false;
-  int peerRank = 0;
-  uint64_t tag = 0;
-  char* buf = nullptr;
-  size_t nbytes = 0;
+struct TcpTransport::Op : PendingOp {
   WireHeader header{};
-  bool complete = false;
-  std::string error;
-  CommError::Kind errorKind = CommError::Kind::kPeer;
-
-  int peer() const override {
-    return peerRank;
-  }
-  void fail(CommError::Kind kind, const std::string& why) {
-    if (!complete) {
-      complete = true;
-      errorKind = kind;
-      error = why;
-    }
-  }
 };
 
 struct TcpTransport::Pair {
@@ -570,17 +551,9 @@ bool TcpTransport::tryAll() {
 }
 
 void TcpTransport::progress(std::unique_lock<std::mutex>& lock, Deadline deadline) {
-  // Spin briefly, yielding the core: the peer we wait for often shares it (more ranks than
-  // cores), and a yield lets it run at once where a sleep in poll() costs a wake-up.
-  const auto spinUntil = Clock::now() + kSpinBeforeSleep;
-  do {
-    if (tryAll()) {
-      return;
-    }
-    lock.unlock();
-    std::this_thread::yield();
-    lock.lock();
-  } while (Clock::now() < spinUntil);
+  if (spinBriefly(lock)) {
+    return;
+  }
   std::vector<pollfd> fds;
   std::vector<Pair*> polled;
   fds.reserve(pairs_.size() + 1);
@@ -614,68 +587,6 @@ void TcpTransport::progress(std::unique_lock<std::mutex>& lock, Deadline deadlin
       tryRecv(*polled[i - 1]);
     }
   }
-}
-
-void TcpTransport::throwIfFailed(const Op& op) const {
-  if (!op.error.empty()) {
-    throw CommError(op.errorKind, op.error);
-  }
-}
-
-std::string TcpTransport::describePending(const std::vector<RequestPtr>& requests) const {
-  std::ostringstream out;
-  const char* separator = "";
-  for (const auto& request : requests) {
-    const auto& op = static_cast<const Op&>(*request);
-    if (op.complete) {
-      continue;
-    }
-    out << separator << (op.isSend ? "send of " : "receive of ") << op.nbytes << " bytes "
-        << (op.isSend ? "to " : "from ");
-    if (op.peerRank == kAnyPeer) {
-      out << "any rank";
-    } else {
-      out << "rank " << op.peerRank;
-    }
-    separator = ", ";
-  }
-  return out.str();
-}
-
-void TcpTransport::wait(const std::vector<RequestPtr>& requests, Deadline deadline) {
-  std::unique_lock<std::mutex> lock(mutex_);
-  for (;;) {
-    bool allComplete = true;
-    for (const auto& request : requests) {
-      const auto& op = static_cast<const Op&>(*request);
-      throwIfFailed(op);
-      allComplete = allComplete && op.complete;
-    }
-    if (allComplete) {
-      return;
-    }
-    if (Clock::now() >= deadline) {
-      throw CommError(CommError::Kind::kTimeout, "timed out waiting for " + describePending(requests));
-    }
-    if (!progressing_) {
-      progressing_ = true;
-      progress(lock, deadline);
-      progressing_ = false;
-      progressed_.notify_all();
-    } else {
-      progressed_.wait_until(lock, std::min(deadline, Clock::now() + std::chrono::seconds(1)));
-    }
-  }
-}
-
-bool TcpTransport::test(const RequestPtr& request) {
-  std::unique_lock<std::mutex> lock(mutex_);
-  const auto& op = static_cast<const Op&>(*request);
-  if (!op.complete && !progressing_) {
-    tryAll();
-  }
-  throwIfFailed(op);
-  return op.complete;
 }
 
 void TcpTransport::abort(const std::string& why) {

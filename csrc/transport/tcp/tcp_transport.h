@@ -22,7 +22,7 @@
 #include <vector>
 
 #include "transport/rendezvous.h"
-#include "transport/transport.h"
+#include "transport/polled_transport.h"
 
 namespace torus {
 
@@ -33,7 +33,7 @@ struct TcpOptions {
   std::chrono::milliseconds timeout{std::chrono::minutes(30)};
 };
 
-class TcpTransport : public Transport {
+class TcpTransport : public PolledTransport {
  public:
   TcpTransport(int rank, int size, Rendezvous& rendezvous, const TcpOptions& options);
   ~TcpTransport() override;
@@ -47,8 +47,6 @@ class TcpTransport : public Transport {
 
   RequestPtr isend(int peer, uint64_t tag, const void* buf, size_t nbytes) override;
   RequestPtr irecv(int peer, uint64_t tag, void* buf, size_t nbytes) override;
-  void wait(const std::vector<RequestPtr>& requests, Deadline deadline) override;
-  bool test(const RequestPtr& request) override;
   void abort(const std::string& why) override;
 
   struct Op;
@@ -56,9 +54,9 @@ class TcpTransport : public Transport {
 
  private:
   void connectAll(Rendezvous& rendezvous, Deadline deadline, const std::string& address);
-  void progress(std::unique_lock<std::mutex>& lock, Deadline deadline);
+  void progress(std::unique_lock<std::mutex>& lock, Deadline deadline) override;
   // One non-blocking attempt on every connection; true when some request completed.
-  bool tryAll();
+  bool tryAll() override;
   bool trySend(Pair& pair);
   bool tryRecv(Pair& pair);
   void deliver(Pair& pair, uint64_t tag, std::vector<char>&& payload);
@@ -66,8 +64,6 @@ class TcpTransport : public Transport {
   void failPending(Pair& pair, CommError::Kind kind, const std::string& why);
   void failPair(Pair& pair, const std::string& why);
   void wake();
-  void throwIfFailed(const Op& op) const;
-  std::string describePending(const std::vector<RequestPtr>& requests) const;
 
   const int rank_;
   const int size_;
@@ -75,9 +71,6 @@ class TcpTransport : public Transport {
   int wakeFd_ = -1;
   std::vector<std::unique_ptr<Pair>> pairs_; // indexed by peer rank; null for self
 
-  mutable std::mutex mutex_;
-  std::condition_variable progressed_;
-  bool progressing_ = false;
   std::string abortReason_;
   // Receives from any peer, per tag, in posting order.
   std::map<uint64_t, std::deque<std::shared_ptr<Op>>> anyPeerReceives_;

@@ -1,0 +1,88 @@
+#include "transport/polled_transport.h"
+
+#include <algorithm>
+#include <sstream>
+#include <thread>
+
+namespace torus {
+
+namespace {
+
+void throwIfFailed(const PendingOp& op) {
+  if (!op.error.empty()) {
+    throw CommError(op.errorKind, op.error);
+  }
+}
+
+std::string describePending(const std::vector<RequestPtr>& requests) {
+  std::ostringstream out;
+  const char* separator = "";
+  for (const auto& request : requests) {
+    const auto& op = static_cast<const PendingOp&>(*request);
+    if (op.complete) {
+      continue;
+    }
+    out << separator << (op.isSend ? "send of " : "receive of ") << op.nbytes << " bytes "
+        << (op.isSend ? "to " : "from ");
+    if (op.peerRank == kAnyPeer) {
+      out << "any rank";
+    } else {
+      out << "rank " << op.peerRank;
+    }
+    separator = ", ";
+  }
+  return out.str();
+}
+
+} // namespace
+
+void PolledTransport::wait(const std::vector<RequestPtr>& requests, Deadline deadline) {
+  std::unique_lock<std::mutex> lock(mutex_);
+  for (;;) {
+    bool allComplete = true;
+    for (const auto& request : requests) {
+      const auto& op = static_cast<const PendingOp&>(*request);
+      throwIfFailed(op);
+      allComplete = allComplete && op.complete;
+    }
+    if (allComplete) {
+      return;
+    }
+    if (Clock::now() >= deadline) {
+      throw CommError(CommError::Kind::kTimeout, "timed out waiting for " + describePending(requests));
+    }
+    if (!progressing_) {
+      progressing_ = true;
+      progress(lock, deadline);
+      progressing_ = false;
+      progressed_.notify_all();
+    } else {
+      progressed_.wait_until(lock, std::min(deadline, Clock::now() + std::chrono::seconds(1)));
+    }
+  }
+}
+
+bool PolledTransport::test(const RequestPtr& request) {
+  std::unique_lock<std::mutex> lock(mutex_);
+  const auto& op = static_cast<const PendingOp&>(*request);
+  if (!op.complete && !progressing_) {
+    tryAll();
+  }
+  throwIfFailed(op);
+  return op.complete;
+}
+
+bool PolledTransport::spinBriefly(std::unique_lock<std::mutex>& lock) {
+  const auto spinUntil = Clock::now() + kSpinBeforeSleep;
+  do {
+    if (tryAll()) {
+      return true;
+    }
+    lock.unlock();
+    std::this_thread::yield();
+    lock.lock();
+  } while (Clock::now() < spinUntil);
+  return false;
+}
+
+} // namespace torus

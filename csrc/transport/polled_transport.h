@@ -1,0 +1,60 @@
+// What TcpTransport and ShmTransport share: requests kept the same way, and waits in which one
+// thread at a time drives progress (progress() of the transport) while other waiting threads
+// sleep until it has moved something. Knows nothing of sockets or shared memory.
+#pragma once
+
+#include <condition_variable>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "transport/transport.h"
+
+namespace torus {
+
+// A send or receive in flight. Transports extend it with what their wire needs.
+struct PendingOp : Request {
+  bool isSend = false;
+  int peerRank = 0; // kAnyPeer for a receive from any peer until one matches
+  uint64_t tag = 0;
+  char* buf = nullptr;
+  size_t nbytes = 0;
+  bool complete = false;
+  std::string error;
+  CommError::Kind errorKind = CommError::Kind::kPeer;
+
+  int peer() const override {
+    return peerRank;
+  }
+  // Completes the request with an error, unless it completed already.
+  void fail(CommError::Kind kind, const std::string& why) {
+    if (!complete) {
+      complete = true;
+      errorKind = kind;
+      error = why;
+    }
+  }
+};
+
+class PolledTransport : public Transport {
+ public:
+  void wait(const std::vector<RequestPtr>& requests, Deadline deadline) final;
+  bool test(const RequestPtr& request) final;
+
+ protected:
+  // With mutex_ held: one non-blocking attempt on every peer; true when a request completed.
+  virtual bool tryAll() = 0;
+  // With mutex_ held, by the one driving thread: moves what it can, sleeping (lock released)
+  // until something happens or the deadline; returns to let wait() look at its requests.
+  virtual void progress(std::unique_lock<std::mutex>& lock, Deadline deadline) = 0;
+  // The first part of every progress(): tryAll() for up to kSpinBeforeSleep, yielding the core
+  // between attempts (the peer we wait for often shares it, and a yield lets it run at once
+  // where a sleep costs a wake-up); true when something completed.
+  bool spinBriefly(std::unique_lock<std::mutex>& lock);
+
+  mutable std::mutex mutex_;
+  std::condition_variable progressed_;
+  bool progressing_ = false;
+};
+
+} // namespace torus
