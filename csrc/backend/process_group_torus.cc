@@ -110,6 +110,14 @@ size_t bytesOf(const at::Tensor& tensor) {
   return static_cast<size_t>(tensor.numel()) * tensor.element_size();
 }
 
+size_t totalBytesOf(const std::vector<at::Tensor>& tensors) {
+  size_t total = 0;
+  for (const auto& t : tensors) {
+    total += bytesOf(t);
+  }
+  return total;
+}
+
 at::Tensor contiguousBuffer(const at::Tensor& tensor) {
   return tensor.is_contiguous() ? tensor : tensor.contiguous();
 }
@@ -245,6 +253,88 @@ const char* algorithmName(Algorithm algorithm) {
   }
   return "unknown";
 }
+
+namespace {
+
+// What every rank must agree on about one call: its kind, dtype, reduction, root, algorithm and
+// size (`nbytes` as the collective counts it: the same on every rank of a correct program).
+CallSignature callOf(c10d::OpType type, at::ScalarType dtype, uint64_t nbytes,
+                     std::optional<c10d::ReduceOp::RedOpType> op = std::nullopt, int root = -1,
+                     std::optional<Algorithm> algorithm = std::nullopt) {
+  CallSignature call;
+  call.kind = static_cast<uint8_t>(static_cast<int>(type) + 1);
+  call.dtype = static_cast<uint8_t>(dtype);
+  call.op = op ? static_cast<uint8_t>(*op + 1) : 0;
+  call.algorithm = algorithm ? static_cast<uint8_t>(static_cast<int>(*algorithm) + 1) : 0;
+  call.root = root;
+  call.nbytes = nbytes;
+  return call;
+}
+
+const char* collectiveName(c10d::OpType type) {
+  switch (type) {
+    case c10d::OpType::BROADCAST:
+      return "broadcast";
+    case c10d::OpType::ALLREDUCE:
+      return "all_reduce";
+    case c10d::OpType::ALLREDUCE_COALESCED:
+      return "all_reduce_coalesced";
+    case c10d::OpType::REDUCE:
+      return "reduce";
+    case c10d::OpType::ALLGATHER:
+      return "all_gather";
+    case c10d::OpType::_ALLGATHER_BASE:
+      return "all_gather_into_tensor";
+    case c10d::OpType::ALLGATHER_COALESCED:
+      return "all_gather_coalesced";
+    case c10d::OpType::COALESCED:
+      return "all_gather_into_tensor_coalesced";
+    case c10d::OpType::GATHER:
+      return "gather";
+    case c10d::OpType::SCATTER:
+      return "scatter";
+    case c10d::OpType::REDUCE_SCATTER:
+      return "reduce_scatter";
+    case c10d::OpType::_REDUCE_SCATTER_BASE:
+      return "reduce_scatter_tensor";
+    case c10d::OpType::ALLTOALL_BASE:
+      return "all_to_all_single";
+    case c10d::OpType::ALLTOALL:
+      return "all_to_all";
+    case c10d::OpType::BARRIER:
+      return "barrier";
+    default:
+      return "a collective";
+  }
+}
+
+const char* reduceOpName(uint8_t op) {
+  static const char* const names[] = {"sum", "avg", "product", "min", "max", "band", "bor", "bxor", "premul_sum"};
+  return op < std::size(names) ? names[op] : "an unknown reduction";
+}
+
+// "all_reduce of 4000 bytes float32 (sum, ring)"
+std::string describeCall(const CallSignature& call) {
+  std::ostringstream out;
+  out << collectiveName(static_cast<c10d::OpType>(call.kind - 1)) << " of " << call.nbytes << " bytes "
+      << c10::getDtypeNames(static_cast<at::ScalarType>(call.dtype)).first;
+  std::vector<std::string> details;
+  if (call.op != 0) {
+    details.push_back(reduceOpName(call.op - 1));
+  }
+  if (call.root >= 0) {
+    details.push_back("root " + std::to_string(call.root));
+  }
+  if (call.algorithm != 0) {
+    details.push_back(algorithmName(static_cast<Algorithm>(call.algorithm - 1)));
+  }
+  for (size_t i = 0; i < details.size(); ++i) {
+    out << (i == 0 ? " (" : ", ") << details[i] << (i + 1 == details.size() ? ")" : "");
+  }
+  return out.str();
+}
+
+} // namespace
 
 ProcessGroupTorus::ProcessGroupTorus(const c10::intrusive_ptr<c10d::Store>& store, int rank, int size,
                                      std::chrono::milliseconds timeout, TorusConfig config, std::string groupName)
@@ -395,14 +485,15 @@ std::chrono::milliseconds ProcessGroupTorus::timeoutOf(std::chrono::milliseconds
 c10::intrusive_ptr<c10d::Work> ProcessGroupTorus::enqueue(c10d::OpType type, const char* title,
                                                           std::vector<at::Tensor> outputs,
                                                           std::vector<at::Tensor> inputs,
-                                                          std::chrono::milliseconds timeout, Body body) {
+                                                          std::chrono::milliseconds timeout, CallSignature call,
+                                                          Body body) {
   std::unique_lock<std::mutex> lock(mutex_);
   TORCH_CHECK(!stopping_, "torus: ", title, " called on a process group that has been shut down or aborted");
   uint64_t seq = ++issued_;
   auto work = c10::make_intrusive<TorusWork>(rank_, type, title, std::move(outputs), seq, std::move(inputs));
   std::ostringstream context;
   context << title << " #" << seq << " (rank " << rank_ << " of " << size_ << ", group '" << groupName_ << "')";
-  queue_.push_back(Job{work, context.str(), timeoutOf(timeout), std::move(body)});
+  queue_.push_back(Job{work, context.str(), timeoutOf(timeout), call, std::move(body)});
   lock.unlock();
   queueChanged_.notify_one();
   return work;
@@ -442,11 +533,31 @@ void ProcessGroupTorus::runWorker() {
           logLine(rank_, job.context);
         }
         comm_->setTag(job.work->getSequencenumber());
+        comm_->setCall(job.call);
         comm_->setDeadline(Clock::now() + job.timeout);
+        const uint64_t seq = job.work->getSequencenumber();
+        recentCalls_[seq % recentCalls_.size()] = {seq, job.call};
         job.body(*comm_);
+        if (auto stray = transport_->strayMessage(seq)) {
+          const auto& [callSeq, call] = recentCalls_[stray->tag % recentCalls_.size()];
+          throw CommError(CommError::Kind::kMismatch, "stray message",
+                          CallMismatch{stray->peer, stray->tag, callSeq == stray->tag ? call : CallSignature{},
+                                       stray->call});
+        }
       } catch (const CommError& e) {
-        failure_ = job.context + ": " + e.what();
-        error = asTorchError(std::current_exception(), job.context);
+        std::string what = e.what();
+        if (e.mismatch()) {
+          const CallMismatch& mismatch = *e.mismatch();
+          what = "ranks called different collectives";
+          if (mismatch.tag != job.work->getSequencenumber()) {
+            what += " at #" + std::to_string(mismatch.tag);
+          }
+          what += ": rank " + std::to_string(rank_) + " called " +
+                  (mismatch.mine.kind != 0 ? describeCall(mismatch.mine) : std::string("another collective")) +
+                  ", rank " + std::to_string(mismatch.peer) + " called " + describeCall(mismatch.theirs);
+        }
+        failure_ = job.context + ": " + what;
+        error = asTorchError(std::make_exception_ptr(CommError(e.kind(), what)), job.context);
         // The failed collective's other sends and receives still point into its buffers and
         // the scratch; end them all before those are freed or reused.
         transport_->abort(failure_);
@@ -560,6 +671,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupTorus::allreduce(std::vector<at::Tens
   auto reduction = reductionFor(opts.reduceOp, tensor.scalar_type(), "allreduce");
   const Algorithm algorithm = algorithmFor("allreduce", bytesOf(tensor));
   return enqueue(c10d::OpType::ALLREDUCE, titleOf("torus:all_reduce", algorithm), {tensor}, {tensor}, opts.timeout,
+                 callOf(c10d::OpType::ALLREDUCE, tensor.scalar_type(), bytesOf(tensor), opts.reduceOp.op_, -1, algorithm),
                  [this, tensor, reduction, algorithm](Comm& comm) mutable {
                    at::Tensor buffer = contiguousBuffer(tensor);
                    applyPreScale(reduction, buffer);
@@ -579,13 +691,13 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupTorus::allreduce_coalesced(std::vecto
                       " has dtype ", tensors[i].scalar_type(), " but tensor 0 has ", tensors[0].scalar_type());
   }
   auto reduction = reductionFor(opts.reduceOp, tensors[0].scalar_type(), "allreduce_coalesced");
-  size_t totalBytes = 0;
-  for (const auto& t : tensors) {
-    totalBytes += bytesOf(t);
-  }
+  const size_t totalBytes = totalBytesOf(tensors);
   const Algorithm algorithm = algorithmFor("allreduce", totalBytes);
   return enqueue(c10d::OpType::ALLREDUCE_COALESCED, titleOf("torus:all_reduce_coalesced", algorithm), tensors, tensors,
-                 opts.timeout, [this, tensors, reduction, algorithm](Comm& comm) mutable {
+                 opts.timeout,
+                 callOf(c10d::OpType::ALLREDUCE_COALESCED, tensors[0].scalar_type(), totalBytes, opts.reduceOp.op_, -1,
+                        algorithm),
+                 [this, tensors, reduction, algorithm](Comm& comm) mutable {
                    std::vector<at::Tensor> flat;
                    for (const auto& t : tensors) {
                      flat.push_back(t.reshape({-1}));
@@ -612,6 +724,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupTorus::broadcast(std::vector<at::Tens
   int root = static_cast<int>(opts.rootRank);
   const Algorithm algorithm = algorithmFor("broadcast", bytesOf(tensor));
   return enqueue(c10d::OpType::BROADCAST, titleOf("torus:broadcast", algorithm), {tensor}, {tensor}, opts.timeout,
+                 callOf(c10d::OpType::BROADCAST, tensor.scalar_type(), bytesOf(tensor), std::nullopt, root, algorithm),
                  [this, tensor, root, algorithm](Comm& comm) mutable {
                    at::Tensor buffer = contiguousBuffer(tensor);
                    if (algorithm == Algorithm::kChain) {
@@ -632,6 +745,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupTorus::reduce(std::vector<at::Tensor>
   auto reduction = reductionFor(opts.reduceOp, tensor.scalar_type(), "reduce");
   int root = static_cast<int>(opts.rootRank);
   return enqueue(c10d::OpType::REDUCE, "torus:reduce", {tensor}, {tensor}, opts.timeout,
+                 callOf(c10d::OpType::REDUCE, tensor.scalar_type(), bytesOf(tensor), opts.reduceOp.op_, root),
                  [this, tensor, reduction, root](Comm& comm) mutable {
                    // Only the root's tensor is an output; the others keep their values.
                    at::Tensor buffer = comm.rank() == root ? contiguousBuffer(tensor)
@@ -660,6 +774,8 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupTorus::allgather(std::vector<std::vec
   }
   const Algorithm algorithm = algorithmFor("allgather", bytesOf(input) * size_);
   return enqueue(c10d::OpType::ALLGATHER, titleOf("torus:all_gather", algorithm), outputList, {input}, opts.timeout,
+                 callOf(c10d::OpType::ALLGATHER, input.scalar_type(), bytesOf(input) * size_, std::nullopt, -1,
+                        algorithm),
                  [this, input, outputList, algorithm](Comm& comm) mutable {
                    const size_t count = static_cast<size_t>(input.numel());
                    at::Tensor gathered = at::empty({static_cast<int64_t>(count) * size_}, input.options());
@@ -686,7 +802,10 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupTorus::_allgather_base(at::Tensor& ou
                     ")");
   const Algorithm algorithm = algorithmFor("allgather", bytesOf(output));
   return enqueue(c10d::OpType::_ALLGATHER_BASE, titleOf("torus:all_gather_into_tensor", algorithm), {output}, {input},
-                 opts.timeout, [this, input, output, algorithm](Comm& comm) mutable {
+                 opts.timeout,
+                 callOf(c10d::OpType::_ALLGATHER_BASE, output.scalar_type(), bytesOf(output), std::nullopt, -1,
+                        algorithm),
+                 [this, input, output, algorithm](Comm& comm) mutable {
                    const size_t count = static_cast<size_t>(input.numel());
                    at::Tensor buffer = output.is_contiguous() ? output : at::empty({output.numel()}, output.options());
                    buffer.view({-1})
@@ -730,7 +849,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupTorus::allgather_coalesced(std::vecto
     }
   }
   return enqueue(c10d::OpType::ALLGATHER_COALESCED, "torus:all_gather_coalesced", flatOutputs, inputs, opts.timeout,
-                 [this, inputs, outputLists](Comm& comm) mutable {
+                 callOf(c10d::OpType::ALLGATHER_COALESCED, at::kByte, totalBytesOf(inputs)), [this, inputs, outputLists](Comm& comm) mutable {
                    at::Tensor gathered = allgatherBytes(comm, packBytes(inputs));
                    const int64_t blockBytes = gathered.numel() / size_;
                    for (int i = 0; i < size_; ++i) {
@@ -758,7 +877,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupTorus::allgather_into_tensor_coalesce
                       size_, ") times its elements");
   }
   return enqueue(c10d::OpType::COALESCED, "torus:all_gather_into_tensor_coalesced", outputs, inputs, opts.timeout,
-                 [this, inputs, outputs](Comm& comm) mutable {
+                 callOf(c10d::OpType::COALESCED, at::kByte, totalBytesOf(inputs)), [this, inputs, outputs](Comm& comm) mutable {
                    at::Tensor gathered = allgatherBytes(comm, packBytes(inputs));
                    const int64_t blockBytes = gathered.numel() / size_;
                    int64_t offset = 0;
@@ -795,7 +914,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupTorus::gather(std::vector<std::vector
                       "empty on non-root ranks (rank ", rank_, " is not the root ", root, ")");
   }
   return enqueue(c10d::OpType::GATHER, "torus:gather", outputList, {input}, opts.timeout,
-                 [this, input, outputList, root](Comm& comm) mutable {
+                 callOf(c10d::OpType::GATHER, input.scalar_type(), bytesOf(input), std::nullopt, root), [this, input, outputList, root](Comm& comm) mutable {
                    at::Tensor in = contiguousBuffer(input);
                    const size_t nbytes = bytesOf(in);
                    at::Tensor gathered;
@@ -832,7 +951,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupTorus::scatter(std::vector<at::Tensor
                       "empty on non-root ranks (rank ", rank_, " is not the root ", root, ")");
   }
   return enqueue(c10d::OpType::SCATTER, "torus:scatter", {output}, inputList, opts.timeout,
-                 [this, output, inputList, root](Comm& comm) mutable {
+                 callOf(c10d::OpType::SCATTER, output.scalar_type(), bytesOf(output), std::nullopt, root), [this, output, inputList, root](Comm& comm) mutable {
                    at::Tensor packed = comm.rank() == root ? packBytes(inputList) : at::Tensor();
                    at::Tensor buffer = contiguousBuffer(output);
                    scatter_direct(comm, packed.defined() ? packed.data_ptr() : nullptr, buffer.data_ptr(),
@@ -858,13 +977,12 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupTorus::reduce_scatter(std::vector<at:
   TORCH_CHECK_VALUE(inputList[rank_].numel() == output.numel(), "torus: reduce_scatter input tensor ", rank_, " has ",
                     inputList[rank_].numel(), " elements but the output has ", output.numel());
   auto reduction = reductionFor(opts.reduceOp, output.scalar_type(), "reduce_scatter");
-  size_t inputBytes = 0;
-  for (const auto& t : inputList) {
-    inputBytes += bytesOf(t);
-  }
+  const size_t inputBytes = totalBytesOf(inputList);
   const Algorithm algorithm = algorithmFor("reduce_scatter", inputBytes);
   return enqueue(c10d::OpType::REDUCE_SCATTER, titleOf("torus:reduce_scatter", algorithm), {output}, inputList,
-                 opts.timeout, [this, output, inputList, reduction, algorithm](Comm& comm) mutable {
+                 opts.timeout,
+                 callOf(c10d::OpType::REDUCE_SCATTER, output.scalar_type(), inputBytes, opts.reduceOp.op_, -1, algorithm),
+                 [this, output, inputList, reduction, algorithm](Comm& comm) mutable {
                    std::vector<at::Tensor> flat;
                    std::vector<size_t> counts;
                    for (const auto& t : inputList) {
@@ -915,7 +1033,10 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupTorus::reduce_scatter_tensor_coalesce
     algorithms.push_back(algorithmFor("reduce_scatter", bytesOf(inputs[j])));
   }
   return enqueue(c10d::OpType::_REDUCE_SCATTER_BASE, titleOf("torus:reduce_scatter_tensor", algorithms[0]), outputs,
-                 inputs, opts.timeout, [this, outputs, inputs, reductions, algorithms](Comm& comm) mutable {
+                 inputs, opts.timeout,
+                 callOf(c10d::OpType::_REDUCE_SCATTER_BASE, inputs[0].scalar_type(), totalBytesOf(inputs),
+                        opts.reduceOp.op_, -1, algorithms[0]),
+                 [this, outputs, inputs, reductions, algorithms](Comm& comm) mutable {
                    for (size_t j = 0; j < inputs.size(); ++j) {
                      at::Tensor buffer = inputs[j].reshape({-1}).clone(at::MemoryFormat::Contiguous);
                      applyPreScale(reductions[j], buffer);
@@ -977,8 +1098,9 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupTorus::alltoall_base(at::Tensor& outp
   splitBytes(output, outputSplits, size_, "output", recvOffsets, recvBytes);
   TORCH_CHECK_VALUE(sendBytes[rank_] == recvBytes[rank_], "torus: all_to_all_single keeps ", sendBytes[rank_],
                     " bytes of its own input but expects ", recvBytes[rank_], " in its output");
+  // Totals may differ by rank (split sizes); each message's size is checked on arrival.
   return enqueue(c10d::OpType::ALLTOALL_BASE, "torus:all_to_all_single", {output}, {input}, opts.timeout,
-                 [output, input, sendOffsets, sendBytes, recvOffsets, recvBytes](Comm& comm) mutable {
+                 callOf(c10d::OpType::ALLTOALL_BASE, input.scalar_type(), 0), [output, input, sendOffsets, sendBytes, recvOffsets, recvBytes](Comm& comm) mutable {
                    at::Tensor in = contiguousBuffer(input);
                    at::Tensor out = contiguousBuffer(output);
                    if (in.numel() > 0 && in.data_ptr() == out.data_ptr()) {
@@ -1015,7 +1137,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupTorus::alltoall(std::vector<at::Tenso
   TORCH_CHECK_VALUE(sendBytes[rank_] == recvBytes[rank_], "torus: all_to_all input tensor ", rank_, " and output tensor ",
                     rank_, " differ in size");
   return enqueue(c10d::OpType::ALLTOALL, "torus:all_to_all", outputs, inputs, opts.timeout,
-                 [outputs, inputs, sendOffsets, sendBytes, recvOffsets, recvBytes, recvTotal](Comm& comm) mutable {
+                 callOf(c10d::OpType::ALLTOALL, inputs[0].scalar_type(), 0), [outputs, inputs, sendOffsets, sendBytes, recvOffsets, recvBytes, recvTotal](Comm& comm) mutable {
                    at::Tensor packed = packBytes(inputs);
                    at::Tensor received = at::empty({static_cast<int64_t>(recvTotal)}, at::kByte);
                    alltoallv_pairwise(comm, packed.data_ptr(), sendOffsets, sendBytes, received.data_ptr(), recvOffsets,
@@ -1029,7 +1151,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupTorus::alltoall(std::vector<at::Tenso
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupTorus::barrier(const c10d::BarrierOptions& opts) {
   return enqueue(c10d::OpType::BARRIER, "torus:barrier", {}, {}, opts.timeout,
-                 [](Comm& comm) { barrier_dissemination(comm); });
+                 callOf(c10d::OpType::BARRIER, at::kByte, 0), [](Comm& comm) { barrier_dissemination(comm); });
 }
 
 namespace {
@@ -1053,7 +1175,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupTorus::send(std::vector<at::Tensor>& 
   at::Tensor tensor = tensors[0];
   checkTensor(tensor, "send tensor");
   at::Tensor buffer = contiguousBuffer(tensor);
-  auto request = transport_->isend(dstRank, p2pTag(tag), buffer.data_ptr(), bytesOf(buffer));
+  auto request = transport_->isend(dstRank, p2pTag(tag), CallSignature{}, buffer.data_ptr(), bytesOf(buffer));
   std::ostringstream context;
   context << "torus:send to rank " << dstRank << " tag " << tag << " (rank " << rank_ << ", group '" << groupName_
           << "')";
@@ -1067,7 +1189,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupTorus::recv(std::vector<at::Tensor>& 
   at::Tensor tensor = tensors[0];
   checkTensor(tensor, "recv tensor");
   at::Tensor buffer = tensor.is_contiguous() ? tensor : at::empty_like(tensor, at::MemoryFormat::Contiguous);
-  auto request = transport_->irecv(srcRank, p2pTag(tag), buffer.data_ptr(), bytesOf(buffer));
+  auto request = transport_->irecv(srcRank, p2pTag(tag), CallSignature{}, buffer.data_ptr(), bytesOf(buffer));
   std::ostringstream context;
   context << "torus:recv from rank " << srcRank << " tag " << tag << " (rank " << rank_ << ", group '" << groupName_
           << "')";
@@ -1080,7 +1202,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupTorus::recvAnysource(std::vector<at::
   at::Tensor tensor = tensors[0];
   checkTensor(tensor, "recv tensor");
   at::Tensor buffer = tensor.is_contiguous() ? tensor : at::empty_like(tensor, at::MemoryFormat::Contiguous);
-  auto request = transport_->irecv(kAnyPeer, p2pTag(tag), buffer.data_ptr(), bytesOf(buffer));
+  auto request = transport_->irecv(kAnyPeer, p2pTag(tag), CallSignature{}, buffer.data_ptr(), bytesOf(buffer));
   std::ostringstream context;
   context << "torus:recv from any rank, tag " << tag << " (rank " << rank_ << ", group '" << groupName_ << "')";
   return c10::make_intrusive<TorusP2PWork>(rank_, c10d::OpType::RECVANYSOURCE, "torus:recv_anysource", transport_,

@@ -6,6 +6,7 @@
 // go straight to the transport so that a rank's isend and irecv can never block each other.
 #pragma once
 
+#include <array>
 #include <condition_variable>
 #include <deque>
 #include <functional>
@@ -136,9 +137,11 @@ class ProcessGroupTorus : public c10d::Backend {
  private:
   using Body = std::function<void(Comm&)>;
 
-  // Queues `body` on the worker thread; the returned work completes with `outputs`.
+  // Queues `body` on the worker thread; the returned work completes with `outputs`. Every message
+  // of the collective carries `call`, which every rank must agree on.
   c10::intrusive_ptr<c10d::Work> enqueue(c10d::OpType type, const char* title, std::vector<at::Tensor> outputs,
-                                         std::vector<at::Tensor> inputs, std::chrono::milliseconds timeout, Body body);
+                                         std::vector<at::Tensor> inputs, std::chrono::milliseconds timeout,
+                                         CallSignature call, Body body);
   void runWorker();
   std::chrono::milliseconds timeoutOf(std::chrono::milliseconds requested) const;
   void stopWorker(bool abortPending);
@@ -189,10 +192,13 @@ class ProcessGroupTorus : public c10d::Backend {
     c10::intrusive_ptr<TorusWork> work;
     std::string context;
     std::chrono::milliseconds timeout;
+    CallSignature call;
     Body body;
   };
   std::deque<Job> queue_;
   uint64_t issued_ = 0; // sequence number of the last collective issued
+  // The worker's last calls by sequence number, to describe a mismatch found a few calls late.
+  std::array<std::pair<uint64_t, CallSignature>, 16> recentCalls_{};
   bool stopping_ = false;
   std::string failure_; // set once a collective fails; later ones fail fast
   std::thread worker_;

@@ -28,7 +28,7 @@ void one_shot_allreduce(Comm& comm, void* buf, size_t count, const Reducer& redu
   const uint64_t epoch = shm->beginCollective();
   char* mine = shm->slot(comm.rank(), epoch);
   std::memcpy(mine, buf, nbytes);
-  postAndGather(comm, *shm, epoch, ShmCollective::kOneShotAllreduce, mine, nbytes, reducer.elementSize);
+  postAndGather(comm, *shm, epoch, mine, nbytes);
   std::memcpy(buf, shm->slot(0, epoch), nbytes);
   for (int r = 1; r < comm.size(); ++r) {
     reducer(buf, shm->slot(r, epoch), count);

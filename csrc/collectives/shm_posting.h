@@ -11,13 +11,10 @@
 
 namespace torus {
 
-enum class ShmCollective : uint64_t { kOneShotAllreduce = 1, kTwoShotAllreduce = 2 };
-
-// Posts this rank's {buf, nbytes} for `epoch` (from shm.beginCollective()) and waits for every peer's posting; throws
-// CommError(kMismatch) naming both sides when a peer posted a different collective, element
-// size or byte count. Returns the postings indexed by rank (this rank's included).
-std::vector<ShmTransport::Posting> postAndGather(Comm& comm, ShmTransport& shm, uint64_t epoch,
-                                                 ShmCollective collective, const void* buf, size_t nbytes,
-                                                 size_t elementSize);
+// Posts this rank's {buf, nbytes} and comm's call for `epoch` (from shm.beginCollective()) and
+// waits for every peer's posting; throws CommError(kMismatch) naming both sides when a peer
+// posted another call or byte count. Returns the postings indexed by rank (this rank's included).
+std::vector<ShmTransport::Posting> postAndGather(Comm& comm, ShmTransport& shm, uint64_t epoch, const void* buf,
+                                                 size_t nbytes);
 
 } // namespace torus

@@ -41,8 +41,7 @@ void two_shot_allreduce(Comm& comm, void* buf, size_t count, const Reducer& redu
   const int me = comm.rank();
   const size_t es = reducer.elementSize;
   const uint64_t epoch = shm->beginCollective();
-  const auto postings =
-      postAndGather(comm, *shm, epoch, ShmCollective::kTwoShotAllreduce, buf, count * es, es);
+  const auto postings = postAndGather(comm, *shm, epoch, buf, count * es);
   const Blocks blocks = evenBlocks(count, n);
   char* base = static_cast<char*>(buf);
   const size_t chunkElements = std::max<size_t>(1, kChunkBytes / es);

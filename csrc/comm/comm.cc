@@ -29,11 +29,11 @@ ShmTransport* Comm::sharedMemory() const {
 }
 
 RequestPtr Comm::isend(int peer, const void* buf, size_t nbytes) {
-  return transport_->isend(members_.at(peer), tag_, buf, nbytes);
+  return transport_->isend(members_.at(peer), tag_, call_, buf, nbytes);
 }
 
 RequestPtr Comm::irecv(int peer, void* buf, size_t nbytes) {
-  return transport_->irecv(members_.at(peer), tag_, buf, nbytes);
+  return transport_->irecv(members_.at(peer), tag_, call_, buf, nbytes);
 }
 
 void Comm::wait(const RequestPtr& request) {
@@ -70,6 +70,7 @@ Comm Comm::subset(const std::vector<int>& ranks) const {
   }
   Comm comm(transport_, std::move(members), self);
   comm.tag_ = tag_;
+  comm.call_ = call_;
   comm.deadline_ = deadline_;
   return comm;
 }

@@ -34,6 +34,14 @@ class Comm {
   uint64_t tag() const {
     return tag_;
   }
+  // Set by the backend before each collective: every message of it carries the call, so that
+  // ranks that called different collectives find out at once.
+  void setCall(const CallSignature& call) {
+    call_ = call;
+  }
+  const CallSignature& call() const {
+    return call_;
+  }
   void setDeadline(Deadline deadline) {
     deadline_ = deadline;
   }
@@ -57,7 +65,7 @@ class Comm {
   ShmTransport* sharedMemory() const;
 
   // A Comm over a subset of this one's ranks (given as this Comm's ranks, in order); this
-  // process must be among them. Shares the transport, tag and deadline.
+  // process must be among them. Shares the transport, tag, call and deadline.
   Comm subset(const std::vector<int>& ranks) const;
 
  private:
@@ -65,6 +73,7 @@ class Comm {
   std::vector<int> members_;
   int self_;
   uint64_t tag_ = 0;
+  CallSignature call_;
   Deadline deadline_ = Deadline::max();
 };
 

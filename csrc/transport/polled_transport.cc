@@ -10,7 +10,7 @@ namespace {
 
 void throwIfFailed(const PendingOp& op) {
   if (!op.error.empty()) {
-    throw CommError(op.errorKind, op.error);
+    throw CommError(op.errorKind, op.error, op.mismatch);
   }
 }
 
@@ -35,6 +35,21 @@ std::string describePending(const std::vector<RequestPtr>& requests) {
 }
 
 } // namespace
+
+bool PendingOp::accepts(int peer, const CallSignature& theirCall, size_t theirBytes) {
+  if (!call.agreesWith(theirCall)) {
+    fail(CommError::Kind::kMismatch, "rank " + std::to_string(peer) + " sent a message of a different call");
+    mismatch = CallMismatch{peer, tag, call, theirCall};
+    return false;
+  }
+  if (theirBytes != nbytes) {
+    fail(CommError::Kind::kMismatch, "message from rank " + std::to_string(peer) + " has " +
+                                         std::to_string(theirBytes) + " bytes where " + std::to_string(nbytes) +
+                                         " were expected");
+    return false;
+  }
+  return true;
+}
 
 void PolledTransport::wait(const std::vector<RequestPtr>& requests, Deadline deadline) {
   std::unique_lock<std::mutex> lock(mutex_);

@@ -17,11 +17,13 @@ struct PendingOp : Request {
   bool isSend = false;
   int peerRank = 0; // kAnyPeer for a receive from any peer until one matches
   uint64_t tag = 0;
+  CallSignature call;
   char* buf = nullptr;
   size_t nbytes = 0;
   bool complete = false;
   std::string error;
   CommError::Kind errorKind = CommError::Kind::kPeer;
+  std::optional<CallMismatch> mismatch;
 
   int peer() const override {
     return peerRank;
@@ -34,6 +36,9 @@ struct PendingOp : Request {
       error = why;
     }
   }
+  // For a receive matched to a message of `theirCall` and `theirBytes` from `peer`: true when
+  // the message belongs to the same call and fits; otherwise fails the receive with kMismatch.
+  bool accepts(int peer, const CallSignature& theirCall, size_t theirBytes);
 };
 
 class PolledTransport : public Transport {

@@ -10,6 +10,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <stdexcept>
 #include <string>
 #include <vector>
@@ -23,18 +24,52 @@ using Deadline = Clock::time_point;
 // answers within microseconds, short enough not to burn an oversubscribed host's cores.
 constexpr auto kSpinBeforeSleep = std::chrono::microseconds(50);
 
+// What every message of a collective says about the call that sent it, so that ranks that
+// disagree on a collective (its kind, dtype, reduction, root, algorithm or size) find out at its
+// first message instead of exchanging bytes they would misread. Transports only compare it; the
+// backend gives the fields their meaning. kind 0 (point-to-point) agrees with anything.
+struct CallSignature {
+  uint8_t kind = 0;
+  uint8_t dtype = 0;
+  uint8_t op = 0;
+  uint8_t algorithm = 0;
+  int32_t root = -1;
+  uint64_t nbytes = 0;
+
+  bool agreesWith(const CallSignature& other) const {
+    return kind == 0 || other.kind == 0 ||
+           (kind == other.kind && dtype == other.dtype && op == other.op && algorithm == other.algorithm &&
+            root == other.root && nbytes == other.nbytes);
+  }
+};
+static_assert(sizeof(CallSignature) == 16, "CallSignature travels in message headers");
+
+// Two ranks called different collectives at the same sequence number (the message tag).
+struct CallMismatch {
+  int peer; // transport rank
+  uint64_t tag;
+  CallSignature mine;
+  CallSignature theirs;
+};
+
 // Failures that end a collective. The backend turns kPeer and kTimeout into
 // torch.distributed.DistBackendError.
 class CommError : public std::runtime_error {
  public:
   enum class Kind { kPeer, kTimeout, kMismatch, kAborted };
-  CommError(Kind kind, const std::string& what) : std::runtime_error(what), kind_(kind) {}
+  CommError(Kind kind, const std::string& what, std::optional<CallMismatch> mismatch = std::nullopt)
+      : std::runtime_error(what), kind_(kind), mismatch_(mismatch) {}
   Kind kind() const {
     return kind_;
+  }
+  // Set when kind() is kMismatch because a peer's call differs from this rank's.
+  const std::optional<CallMismatch>& mismatch() const {
+    return mismatch_;
   }
 
  private:
   Kind kind_;
+  std::optional<CallMismatch> mismatch_;
 };
 
 // Tags: collectives use their sequence number; point-to-point calls use kP2PTagBase + user tag.
@@ -56,10 +91,11 @@ class Transport {
   virtual int rank() const = 0;
   virtual int size() const = 0;
 
-  // buf must stay valid and unchanged until the request completes.
-  virtual RequestPtr isend(int peer, uint64_t tag, const void* buf, size_t nbytes) = 0;
+  // buf must stay valid and unchanged until the request completes. `call` travels with the
+  // message; a receive whose call disagrees with the message's fails with kMismatch.
+  virtual RequestPtr isend(int peer, uint64_t tag, const CallSignature& call, const void* buf, size_t nbytes) = 0;
   // peer may be kAnyPeer.
-  virtual RequestPtr irecv(int peer, uint64_t tag, void* buf, size_t nbytes) = 0;
+  virtual RequestPtr irecv(int peer, uint64_t tag, const CallSignature& call, void* buf, size_t nbytes) = 0;
 
   // Blocks until every request completes; throws CommError on peer failure, mismatch, abort or
   // when the deadline passes (naming the peers still owed). Waiting drives progress of all
@@ -69,9 +105,20 @@ class Transport {
   virtual bool test(const RequestPtr& request) = 0;
 
   // Fails every pending and future request with kAborted and wakes all waiters; the transport
-  // never touches a request's buffer afterwards. Connections stay open (until destruction), so
-  // peers see their own timeouts rather than a cascade of closed connections.
+  // never touches a request's buffer afterwards. Tells every peer why, so that they fail their
+  // pending and future requests at once, naming this rank and the reason, instead of waiting for
+  // their timeouts.
   virtual void abort(const std::string& why) = 0;
+
+  // A held message of a collective tagged `upToTag` or lower, although every receive of those
+  // collectives has completed: its sender ran a different call (say, another root). The backend
+  // asks after each collective.
+  struct StrayMessage {
+    int peer;
+    uint64_t tag;
+    CallSignature call;
+  };
+  virtual std::optional<StrayMessage> strayMessage(uint64_t upToTag) = 0;
 };
 
 } // namespace torus

@@ -33,6 +33,7 @@ struct alignas(kLine) MessageHeader {
   uint64_t nbytes;
   uint64_t address; // kSingleCopy: where the payload is in the sender's memory
   uint64_t sequence; // kSingleCopy and kAck: which single-copy send this is
+  CallSignature call;
   uint32_t kind;
 };
 static_assert(sizeof(MessageHeader) == kLine, "ring entries stay line-aligned");
@@ -41,14 +42,20 @@ struct alignas(kLine) SharedPosting {
   std::atomic<uint64_t> epoch;
   uint64_t address;
   uint64_t nbytes;
-  uint64_t signature;
+  uint64_t tag;
+  CallSignature call;
 };
+
+constexpr size_t kFaultTextBytes = 1024;
 
 struct ControlBlock {
   uint64_t magic;
   int32_t pid;
   // Set when the owner destroys its transport: its exit afterwards is a departure, not a death.
   std::atomic<uint32_t> left;
+  // Set when the owner gives up on the group (abort()); faultText says why.
+  std::atomic<uint32_t> faulted;
+  char faultText[kFaultTextBytes];
   alignas(kLine) std::atomic<uint32_t> doorbell;
   std::atomic<uint32_t> sleepers;
   alignas(kLine) std::atomic<uint64_t> delivered;
@@ -122,11 +129,6 @@ bool crossCopy(int pid, char* local, uint64_t remote, size_t nbytes, bool read) 
     done += static_cast<size_t>(moved);
   }
   return true;
-}
-
-std::string mismatch(int peer, size_t sent, size_t expected) {
-  return "message from rank " + std::to_string(peer) + " has " + std::to_string(sent) + " bytes where " +
-         std::to_string(expected) + " were expected";
 }
 
 } // namespace
@@ -297,7 +299,7 @@ void ShmTransport::connectAll(Rendezvous& rendezvous) {
   }
 }
 
-RequestPtr ShmTransport::isend(int peer, uint64_t tag, const void* buf, size_t nbytes) {
+RequestPtr ShmTransport::isend(int peer, uint64_t tag, const CallSignature& call, const void* buf, size_t nbytes) {
   if (peer < 0 || peer >= size_ || peer == rank_) {
     throw std::invalid_argument("torus: invalid send peer " + std::to_string(peer));
   }
@@ -307,11 +309,12 @@ RequestPtr ShmTransport::isend(int peer, uint64_t tag, const void* buf, size_t n
   op->tag = tag;
   op->buf = const_cast<char*>(static_cast<const char*>(buf));
   op->nbytes = nbytes;
+  op->call = call;
   std::lock_guard<std::mutex> lock(mutex_);
   Peer& p = *peers_[peer];
   const bool singleCopy = p.readsSingleCopy && nbytes > kSingleCopyBytes;
-  op->header = MessageHeader{tag, nbytes, singleCopy ? reinterpret_cast<uint64_t>(buf) : 0,
-                             singleCopy ? ++p.nextSequence : 0, singleCopy ? kSingleCopy : kEager};
+  op->header = MessageHeader{tag,  nbytes, singleCopy ? reinterpret_cast<uint64_t>(buf) : 0,
+                             singleCopy ? ++p.nextSequence : 0, call, singleCopy ? kSingleCopy : kEager};
   if (!abortReason_.empty()) {
     op->fail(CommError::Kind::kAborted, abortReason_);
   } else if (!p.failure.empty()) {
@@ -337,14 +340,14 @@ void ShmTransport::queueAck(Peer& peer, uint64_t sequence) {
   auto ack = std::make_shared<Op>();
   ack->isSend = true;
   ack->peerRank = peer.rank;
-  ack->header = MessageHeader{0, 0, 0, sequence, kAck};
+  ack->header = MessageHeader{0, 0, 0, sequence, {}, kAck};
   peer.sends.push_back(ack);
   if (peer.sends.size() == 1) {
     trySend(peer);
   }
 }
 
-RequestPtr ShmTransport::irecv(int peer, uint64_t tag, void* buf, size_t nbytes) {
+RequestPtr ShmTransport::irecv(int peer, uint64_t tag, const CallSignature& call, void* buf, size_t nbytes) {
   if (peer != kAnyPeer && (peer < 0 || peer >= size_ || peer == rank_)) {
     throw std::invalid_argument("torus: invalid receive peer " + std::to_string(peer));
   }
@@ -353,6 +356,7 @@ RequestPtr ShmTransport::irecv(int peer, uint64_t tag, void* buf, size_t nbytes)
   op->tag = tag;
   op->buf = static_cast<char*>(buf);
   op->nbytes = nbytes;
+  op->call = call;
   std::lock_guard<std::mutex> lock(mutex_);
   if (!abortReason_.empty()) {
     op->fail(CommError::Kind::kAborted, abortReason_);
@@ -369,13 +373,13 @@ RequestPtr ShmTransport::irecv(int peer, uint64_t tag, void* buf, size_t nbytes)
       p.arrived.erase(it);
     }
     op->peerRank = p.rank;
-    if (held.header.nbytes != nbytes) {
-      op->fail(CommError::Kind::kMismatch, mismatch(p.rank, held.header.nbytes, nbytes));
-    } else if (held.header.kind == kSingleCopy) {
-      readSingleCopy(p, *op, held.header.address);
-    } else {
-      std::memcpy(buf, held.payload.data(), nbytes);
-      op->complete = true;
+    if (op->accepts(p.rank, held.header.call, held.header.nbytes)) {
+      if (held.header.kind == kSingleCopy) {
+        readSingleCopy(p, *op, held.header.address);
+      } else {
+        std::memcpy(buf, held.payload.data(), nbytes);
+        op->complete = true;
+      }
     }
     if (held.header.kind == kSingleCopy) {
       queueAck(p, held.header.sequence);
@@ -502,8 +506,7 @@ bool ShmTransport::tryRecv(Peer& peer) {
         continue;
       }
       auto target = matchPosted(peer, header.tag);
-      if (target && target->nbytes != header.nbytes) {
-        target->fail(CommError::Kind::kMismatch, mismatch(peer.rank, header.nbytes, target->nbytes));
+      if (target && !target->accepts(peer.rank, header.call, header.nbytes)) {
         completed = true;
         if (header.kind == kSingleCopy) {
           queueAck(peer, header.sequence);
@@ -549,11 +552,11 @@ bool ShmTransport::tryRecv(Peer& peer) {
       peer.target.reset();
     } else if (!peer.discard) {
       auto late = matchPosted(peer, peer.header.tag);
-      if (late && late->nbytes != peer.header.nbytes) {
-        late->fail(CommError::Kind::kMismatch, mismatch(peer.rank, peer.header.nbytes, late->nbytes));
-      } else if (late) {
-        std::memcpy(late->buf, peer.holding.data(), peer.holding.size());
-        late->complete = true;
+      if (late) {
+        if (late->accepts(peer.rank, peer.header.call, peer.header.nbytes)) {
+          std::memcpy(late->buf, peer.holding.data(), peer.holding.size());
+          late->complete = true;
+        }
       } else {
         peer.arrived[peer.header.tag].push_back({peer.header, std::move(peer.holding)});
       }
@@ -643,8 +646,92 @@ void ShmTransport::checkLiveness() {
   }
 }
 
+std::optional<Transport::StrayMessage> ShmTransport::strayMessage(uint64_t upToTag) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  for (auto& peer : peers_) {
+    if (!peer) {
+      continue;
+    }
+    if (!peer->arrived.empty() && peer->arrived.begin()->first <= upToTag) {
+      return StrayMessage{peer->rank, peer->arrived.begin()->first, peer->arrived.begin()->second.front().header.call};
+    }
+    // Still in the ring: nobody has read it, as nobody expected it.
+    if (!peer->inPayload && peer->inRing->head.load(std::memory_order_acquire) - peer->recvPos >= kLine) {
+      MessageHeader header;
+      copyOut(reinterpret_cast<char*>(&header), peer->inRing->data, peer->recvPos, kLine);
+      if (header.kind != kAck && header.tag <= upToTag) {
+        return StrayMessage{peer->rank, header.tag, header.call};
+      }
+    }
+  }
+  return std::nullopt;
+}
+
+bool ShmTransport::checkFaults() {
+  bool failed = false;
+  for (auto& peer : peers_) {
+    if (peer && peer->failure.empty() && peer->segment.control()->faulted.load(std::memory_order_acquire) != 0) {
+      const char* text = peer->segment.control()->faultText;
+      failPeer(*peer, "rank " + std::to_string(peer->rank) + " gave up on the group: " +
+                          std::string(text, ::strnlen(text, kFaultTextBytes)));
+      failed = true;
+    }
+  }
+  return failed;
+}
+
+bool ShmTransport::checkPostedCalls() {
+  // A receive posted for a collective while another rank sent a message of that collective, or
+  // announced a shared-memory collective of that sequence number, with a different call: the
+  // ranks called different collectives, which no message between the two shows.
+  auto differing = [&](const PendingOp& op) -> std::optional<CallMismatch> {
+    for (auto& peer : peers_) {
+      if (!peer) {
+        continue;
+      }
+      auto held = peer->arrived.find(op.tag);
+      if (held != peer->arrived.end() && !op.call.agreesWith(held->second.front().header.call)) {
+        return CallMismatch{peer->rank, op.tag, op.call, held->second.front().header.call};
+      }
+      for (const SharedPosting& posting : peer->segment.control()->postings) {
+        if (posting.epoch.load(std::memory_order_acquire) != 0 && posting.tag == op.tag &&
+            !op.call.agreesWith(posting.call)) {
+          return CallMismatch{peer->rank, op.tag, op.call, posting.call};
+        }
+      }
+    }
+    return std::nullopt;
+  };
+  bool failed = false;
+  auto check = [&](std::map<uint64_t, std::deque<std::shared_ptr<Op>>>& queues) {
+    for (auto entry = queues.begin(); entry != queues.end();) {
+      auto& ops = entry->second;
+      for (auto op = ops.begin(); op != ops.end();) {
+        auto mismatch = differing(**op);
+        if (!mismatch) {
+          ++op;
+          continue;
+        }
+        (*op)->fail(CommError::Kind::kMismatch,
+                    "rank " + std::to_string(mismatch->peer) + " runs a different call of this collective");
+        (*op)->mismatch = mismatch;
+        op = ops.erase(op); // no later message may land in its buffer
+        failed = true;
+      }
+      entry = ops.empty() ? queues.erase(entry) : std::next(entry);
+    }
+  };
+  for (auto& peer : peers_) {
+    if (peer) {
+      check(peer->posted);
+    }
+  }
+  check(anyPeerReceives_);
+  return failed;
+}
+
 bool ShmTransport::tryAll() {
-  bool moved = false;
+  bool moved = checkFaults();
   for (auto& peer : peers_) {
     if (peer && peer->failure.empty()) {
       moved |= tryRecv(*peer);
@@ -667,6 +754,7 @@ void ShmTransport::progress(std::unique_lock<std::mutex>& lock, Deadline deadlin
     lock.lock();
     if (control->doorbell.load(std::memory_order_seq_cst) == seen) {
       checkLiveness();
+      checkPostedCalls();
     }
   }
   control->sleepers.fetch_sub(1, std::memory_order_seq_cst);
@@ -679,10 +767,16 @@ void ShmTransport::abort(const std::string& why) {
   }
   abortReason_ = why;
   aborted_.store(true);
+  ControlBlock* control = self_->control();
+  const size_t n = std::min(why.size(), kFaultTextBytes - 1);
+  std::memcpy(control->faultText, why.data(), n);
+  control->faultText[n] = '\0';
+  control->faulted.store(1, std::memory_order_release);
   for (auto& peer : peers_) {
     if (peer) {
       failPending(*peer, CommError::Kind::kAborted, why);
       peer->failure = why;
+      ring(peer->rank);
     }
   }
   for (auto& entry : anyPeerReceives_) {
@@ -705,7 +799,8 @@ void ShmTransport::post(const Posting& posting) {
   SharedPosting& shared = self_->control()->postings[posting.epoch & 1];
   shared.address = posting.address;
   shared.nbytes = posting.nbytes;
-  shared.signature = posting.signature;
+  shared.tag = posting.tag;
+  shared.call = posting.call;
   shared.epoch.store(posting.epoch, std::memory_order_release);
   for (auto& peer : peers_) {
     if (peer) {
@@ -715,7 +810,8 @@ void ShmTransport::post(const Posting& posting) {
 }
 
 template <typename Ready>
-void ShmTransport::waitUntil(Ready ready, Deadline deadline, const std::function<std::string()>& waitingFor) {
+void ShmTransport::waitUntil(Ready ready, Deadline deadline, const std::function<std::string()>& waitingFor,
+                             const std::function<void()>& whenIdle) {
   const auto spinUntil = Clock::now() + kSpinBeforeSleep;
   while (Clock::now() < spinUntil) {
     if (ready()) {
@@ -741,24 +837,51 @@ void ShmTransport::waitUntil(Ready ready, Deadline deadline, const std::function
       futexWait(&control->doorbell, seen, sleepFor(deadline));
     }
     control->sleepers.fetch_sub(1, std::memory_order_seq_cst);
+    std::lock_guard<std::mutex> lock(mutex_);
+    checkFaults();
     if (control->doorbell.load(std::memory_order_seq_cst) == seen) {
-      // Nothing happened for a while: is everyone we may be waiting for still alive?
-      std::lock_guard<std::mutex> lock(mutex_);
+      // Nothing happened for a while: is everyone we may be waiting for still alive, and still
+      // in the same collective?
       checkLiveness();
-      for (auto& peer : peers_) {
-        if (peer && !peer->failure.empty()) {
-          throw CommError(CommError::Kind::kPeer, peer->failure);
-        }
+      if (whenIdle) {
+        whenIdle();
+      }
+    }
+    for (auto& peer : peers_) {
+      if (peer && !peer->failure.empty()) {
+        throw CommError(CommError::Kind::kPeer, peer->failure);
       }
     }
   }
 }
 
-ShmTransport::Posting ShmTransport::waitPosted(int peer, uint64_t epoch, Deadline deadline) {
+ShmTransport::Posting ShmTransport::waitPosted(int peer, const Posting& mine, Deadline deadline) {
+  const uint64_t epoch = mine.epoch;
   SharedPosting& shared = peers_[peer]->segment.control()->postings[epoch & 1];
+  // A peer that sends this collective's messages instead of posting runs another algorithm:
+  // look at the header of what it sent, held or still in the ring.
+  auto checkMessages = [&] {
+    Peer& p = *peers_[peer];
+    std::optional<CallSignature> theirs;
+    auto held = p.arrived.find(mine.tag);
+    if (held != p.arrived.end()) {
+      theirs = held->second.front().header.call;
+    } else if (!p.inPayload && p.inRing->head.load(std::memory_order_acquire) - p.recvPos >= kLine) {
+      MessageHeader header;
+      copyOut(reinterpret_cast<char*>(&header), p.inRing->data, p.recvPos, kLine);
+      if (header.kind != kAck && header.tag == mine.tag) {
+        theirs = header.call;
+      }
+    }
+    if (theirs && !mine.call.agreesWith(*theirs)) {
+      throw CommError(CommError::Kind::kMismatch, "rank " + std::to_string(peer) + " runs a different call",
+                      CallMismatch{peer, mine.tag, mine.call, *theirs});
+    }
+  };
   waitUntil([&] { return shared.epoch.load(std::memory_order_acquire) >= epoch; }, deadline,
-            [&] { return "rank " + std::to_string(peer) + " to join shared-memory collective #" + std::to_string(epoch); });
-  return Posting{epoch, shared.address, shared.nbytes, shared.signature};
+            [&] { return "rank " + std::to_string(peer) + " to join shared-memory collective #" + std::to_string(epoch); },
+            checkMessages);
+  return Posting{epoch, shared.address, shared.nbytes, shared.tag, shared.call};
 }
 
 void ShmTransport::readPeer(int peer, uint64_t address, void* dst, size_t nbytes) {
@@ -782,9 +905,10 @@ void ShmTransport::waitDeliveries(uint64_t count, Deadline deadline) {
   deliveriesAwaited_ += count;
   const uint64_t total = deliveriesAwaited_;
   std::atomic<uint64_t>& delivered = self_->control()->delivered;
-  waitUntil([&] { return delivered.load(std::memory_order_acquire) >= total; }, deadline, [&] {
-    return std::to_string(total - delivered.load()) + " more slice(s) from peers in a shared-memory collective";
-  });
+  waitUntil(
+      [&] { return delivered.load(std::memory_order_acquire) >= total; }, deadline,
+      [&] { return std::to_string(total - delivered.load()) + " more slice(s) from peers in a shared-memory collective"; },
+      nullptr);
 }
 
 } // namespace torus

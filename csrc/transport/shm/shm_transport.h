@@ -58,9 +58,10 @@ class ShmTransport : public PolledTransport {
     return size_;
   }
 
-  RequestPtr isend(int peer, uint64_t tag, const void* buf, size_t nbytes) override;
-  RequestPtr irecv(int peer, uint64_t tag, void* buf, size_t nbytes) override;
+  RequestPtr isend(int peer, uint64_t tag, const CallSignature& call, const void* buf, size_t nbytes) override;
+  RequestPtr irecv(int peer, uint64_t tag, const CallSignature& call, void* buf, size_t nbytes) override;
   void abort(const std::string& why) override;
+  std::optional<StrayMessage> strayMessage(uint64_t upToTag) override;
 
   // ---- Collective support: for the worker thread that runs the group's collectives. ----
 
@@ -70,12 +71,13 @@ class ShmTransport : public PolledTransport {
     return singleCopy_;
   }
 
-  // What a rank announces for one shm collective; peers check their signatures agree.
+  // What a rank announces for one shm collective; peers check that their calls agree.
   struct Posting {
     uint64_t epoch = 0;
     uint64_t address = 0;
     uint64_t nbytes = 0;
-    uint64_t signature = 0;
+    uint64_t tag = 0; // the collective's sequence number, as its messages carry it
+    CallSignature call;
   };
   // The next epoch: call once per shm collective, on every rank in the same order.
   uint64_t beginCollective() {
@@ -85,9 +87,10 @@ class ShmTransport : public PolledTransport {
   char* slot(int rank, uint64_t epoch) const;
   // Announces this rank's posting and wakes peers.
   void post(const Posting& posting);
-  // Waits until `peer` has posted `epoch` and returns its posting; throws CommError on timeout,
-  // abort or the peer's death.
-  Posting waitPosted(int peer, uint64_t epoch, Deadline deadline);
+  // Waits until `peer` has posted mine.epoch and returns its posting; throws CommError on
+  // timeout, abort, the peer's death, or when the peer sends messages of mine.tag with a
+  // different call instead (it runs another algorithm or collective).
+  Posting waitPosted(int peer, const Posting& mine, Deadline deadline);
   // Copies between this process and a peer's memory (single copy through the kernel).
   void readPeer(int peer, uint64_t address, void* dst, size_t nbytes);
   void writePeer(int peer, uint64_t address, const void* src, size_t nbytes);
@@ -103,9 +106,11 @@ class ShmTransport : public PolledTransport {
  private:
   void connectAll(Rendezvous& rendezvous);
   // Waits, spinning then sleeping on this rank's doorbell, until ready() (called without the
-  // transport's lock) returns true. Throws on deadline, abort, or a dead peer.
+  // transport's lock) returns true. Throws on deadline, abort, a dead or faulted peer; runs
+  // whenIdle (if set, with the lock held) after sleeps in which nothing happened.
   template <typename Ready>
-  void waitUntil(Ready ready, Deadline deadline, const std::function<std::string()>& waitingFor);
+  void waitUntil(Ready ready, Deadline deadline, const std::function<std::string()>& waitingFor,
+                 const std::function<void()>& whenIdle);
   void progress(std::unique_lock<std::mutex>& lock, Deadline deadline) override;
   bool tryAll() override;
   bool trySend(Peer& peer);
@@ -116,6 +121,11 @@ class ShmTransport : public PolledTransport {
   void failPending(Peer& peer, CommError::Kind kind, const std::string& why);
   void failPeer(Peer& peer, const std::string& why);
   void checkLiveness();
+  // Fails the group when a peer gave up on it (abort()); true when one did.
+  bool checkFaults();
+  // Fails posted receives whose call disagrees with a held message or a peer's posting of the
+  // same tag; true when one failed. Runs when progress found nothing to do for a while.
+  bool checkPostedCalls();
   void ring(int peer);
 
   const int rank_;

@@ -24,13 +24,19 @@ namespace {
 struct WireHeader {
   uint64_t tag;
   uint64_t nbytes;
+  CallSignature call;
 };
 
 constexpr uint32_t kHelloMagic = 0x746f7275; // "toru"
 // The last header a transport sends on each connection when it is destroyed: the end of the
 // stream that follows is a departure, not a death.
 constexpr uint64_t kGoodbyeTag = UINT64_MAX;
-
+// A header whose payload is the text of why the sender gave up on the group (abort()).
+constexpr uint64_t kFaultTag = UINT64_MAX - 1;
+constexpr size_t kFaultTextBytes = 4096;
+// How long progress sleeps in poll() at most; a sleep that ends with nothing to read or write
+// checks held messages against posted receives (see checkHeldCalls).
+constexpr int kIdleCheckMs = 100;
 struct Hello {
   uint32_t magic;
   int32_t rank;
@@ -128,7 +134,11 @@ struct TcpTransport::Pair {
   std::vector<char> holding;
 
   std::map<uint64_t, std::deque<std::shared_ptr<Op>>> posted;
-  std::map<uint64_t, std::deque<std::vector<char>>> arrived;
+  struct Held {
+    CallSignature call;
+    std::vector<char> payload;
+  };
+  std::map<uint64_t, std::deque<Held>> arrived;
   // The peer said goodbye: it destroyed its group, so its end of stream is no failure of ours.
   bool left = false;
 };
@@ -156,7 +166,7 @@ TcpTransport::TcpTransport(int rank, int size, Rendezvous& rendezvous, const Tcp
 }
 
 TcpTransport::~TcpTransport() {
-  const WireHeader goodbye{kGoodbyeTag, 0};
+  const WireHeader goodbye{kGoodbyeTag, 0, {}};
   for (auto& pair : pairs_) {
     if (pair && pair->fd >= 0) {
       // Best effort, only between whole messages: a connection mid-message (or full) just closes.
@@ -264,7 +274,7 @@ void TcpTransport::connectAll(Rendezvous& rendezvous, Deadline deadline, const s
   }
 }
 
-RequestPtr TcpTransport::isend(int peer, uint64_t tag, const void* buf, size_t nbytes) {
+RequestPtr TcpTransport::isend(int peer, uint64_t tag, const CallSignature& call, const void* buf, size_t nbytes) {
   if (peer < 0 || peer >= size_ || peer == rank_) {
     throw std::invalid_argument("torus: invalid send peer " + std::to_string(peer));
   }
@@ -274,7 +284,8 @@ RequestPtr TcpTransport::isend(int peer, uint64_t tag, const void* buf, size_t n
   op->tag = tag;
   op->buf = const_cast<char*>(static_cast<const char*>(buf));
   op->nbytes = nbytes;
-  op->header = WireHeader{tag, nbytes};
+  op->call = call;
+  op->header = WireHeader{tag, nbytes, call};
   std::lock_guard<std::mutex> lock(mutex_);
   Pair& pair = *pairs_[peer];
   if (!abortReason_.empty()) {
@@ -293,7 +304,7 @@ RequestPtr TcpTransport::isend(int peer, uint64_t tag, const void* buf, size_t n
   return op;
 }
 
-RequestPtr TcpTransport::irecv(int peer, uint64_t tag, void* buf, size_t nbytes) {
+RequestPtr TcpTransport::irecv(int peer, uint64_t tag, const CallSignature& call, void* buf, size_t nbytes) {
   if (peer != kAnyPeer && (peer < 0 || peer >= size_ || peer == rank_)) {
     throw std::invalid_argument("torus: invalid receive peer " + std::to_string(peer));
   }
@@ -302,6 +313,7 @@ RequestPtr TcpTransport::irecv(int peer, uint64_t tag, void* buf, size_t nbytes)
   op->tag = tag;
   op->buf = static_cast<char*>(buf);
   op->nbytes = nbytes;
+  op->call = call;
   std::lock_guard<std::mutex> lock(mutex_);
   if (!abortReason_.empty()) {
     op->fail(CommError::Kind::kAborted, abortReason_);
@@ -312,18 +324,14 @@ RequestPtr TcpTransport::irecv(int peer, uint64_t tag, void* buf, size_t nbytes)
     if (it == pair.arrived.end()) {
       return false;
     }
-    std::vector<char> payload = std::move(it->second.front());
+    Pair::Held held = std::move(it->second.front());
     it->second.pop_front();
     if (it->second.empty()) {
       pair.arrived.erase(it);
     }
     op->peerRank = pair.peer;
-    if (payload.size() != nbytes) {
-      op->fail(CommError::Kind::kMismatch, "message from rank " + std::to_string(pair.peer) + " has " +
-                                               std::to_string(payload.size()) + " bytes where " +
-                                               std::to_string(nbytes) + " were expected");
-    } else {
-      std::memcpy(buf, payload.data(), nbytes);
+    if (op->accepts(pair.peer, held.call, held.payload.size())) {
+      std::memcpy(buf, held.payload.data(), nbytes);
       op->complete = true;
     }
     return true;
@@ -418,12 +426,16 @@ bool TcpTransport::tryRecv(Pair& pair) {
     }
     ssize_t got = want == 0 ? 0 : ::recv(pair.fd, dst, want, MSG_DONTWAIT);
     if (want > 0 && got == 0) {
-      if (pair.left) {
+      if (pair.inPayload && pair.header.tag == kFaultTag) {
+        failPair(pair, "rank " + std::to_string(pair.peer) + " gave up on the group: " +
+                           std::string(pair.holding.data(), pair.payloadRead));
+      } else if (pair.left) {
         // Requests still owed by a rank that destroyed its group fail; the group lives on.
         pair.failure = "rank " + std::to_string(pair.peer) + " left the group (destroyed its process group)";
         failPending(pair, CommError::Kind::kPeer, pair.failure);
       } else {
-        failPair(pair, "rank " + std::to_string(pair.peer) + " closed its connection (the process exited or was killed)");
+        failPair(pair, "rank " + std::to_string(pair.peer) +
+                           " closed its connection (the process exited, was killed or aborted its group)");
       }
       return true;
     }
@@ -447,12 +459,12 @@ bool TcpTransport::tryRecv(Pair& pair) {
       pair.inPayload = true;
       pair.payloadRead = 0;
       pair.discard = false;
-      pair.target = matchPosted(pair, pair.header.tag);
-      if (pair.target && pair.target->nbytes != pair.header.nbytes) {
-        pair.target->fail(CommError::Kind::kMismatch,
-                          "message from rank " + std::to_string(pair.peer) + " has " +
-                              std::to_string(pair.header.nbytes) + " bytes where " +
-                              std::to_string(pair.target->nbytes) + " were expected");
+      if (pair.header.tag == kFaultTag) {
+        pair.header.nbytes = std::min<uint64_t>(pair.header.nbytes, kFaultTextBytes);
+      } else {
+        pair.target = matchPosted(pair, pair.header.tag);
+      }
+      if (pair.target && !pair.target->accepts(pair.peer, pair.header.call, pair.header.nbytes)) {
         pair.target.reset();
         pair.discard = true;
         completed = true;
@@ -465,11 +477,16 @@ bool TcpTransport::tryRecv(Pair& pair) {
     }
     if (pair.inPayload && pair.payloadRead == pair.header.nbytes) {
       pair.inPayload = false;
+      if (pair.header.tag == kFaultTag) {
+        failPair(pair, "rank " + std::to_string(pair.peer) + " gave up on the group: " +
+                           std::string(pair.holding.begin(), pair.holding.end()));
+        return true;
+      }
       if (pair.target) {
         pair.target->complete = true;
         pair.target.reset();
       } else if (!pair.discard) {
-        deliver(pair, pair.header.tag, std::move(pair.holding));
+        deliver(pair, pair.header.tag, pair.header.call, std::move(pair.holding));
         pair.holding = {};
       }
       completed = true;
@@ -478,20 +495,58 @@ bool TcpTransport::tryRecv(Pair& pair) {
   return completed;
 }
 
-void TcpTransport::deliver(Pair& pair, uint64_t tag, std::vector<char>&& payload) {
+void TcpTransport::deliver(Pair& pair, uint64_t tag, const CallSignature& call, std::vector<char>&& payload) {
   // A receive may have been posted while this message was being read.
   if (auto op = matchPosted(pair, tag)) {
-    if (op->nbytes != payload.size()) {
-      op->fail(CommError::Kind::kMismatch, "message from rank " + std::to_string(pair.peer) + " has " +
-                                               std::to_string(payload.size()) + " bytes where " +
-                                               std::to_string(op->nbytes) + " were expected");
-    } else {
+    if (op->accepts(pair.peer, call, payload.size())) {
       std::memcpy(op->buf, payload.data(), payload.size());
       op->complete = true;
     }
     return;
   }
-  pair.arrived[tag].push_back(std::move(payload));
+  pair.arrived[tag].push_back({call, std::move(payload)});
+}
+
+bool TcpTransport::checkHeldCalls() {
+  // A message nobody has asked for, of a call that disagrees with a receive posted for the same
+  // collective from another rank: the two ranks called different collectives (or the same one
+  // with different peers), which no first message between them shows.
+  bool failed = false;
+  auto check = [&](std::map<uint64_t, std::deque<std::shared_ptr<Op>>>& queues, int sender, uint64_t tag,
+                   const CallSignature& call) {
+    auto it = queues.find(tag);
+    if (it == queues.end()) {
+      return;
+    }
+    auto& ops = it->second;
+    for (auto op = ops.begin(); op != ops.end();) {
+      if ((*op)->call.agreesWith(call)) {
+        ++op;
+        continue;
+      }
+      (*op)->fail(CommError::Kind::kMismatch, "rank " + std::to_string(sender) + " sent a message of a different call");
+      (*op)->mismatch = CallMismatch{sender, tag, (*op)->call, call};
+      op = ops.erase(op); // no later message may land in its buffer
+      failed = true;
+    }
+    if (ops.empty()) {
+      queues.erase(it);
+    }
+  };
+  for (auto& sender : pairs_) {
+    if (!sender) {
+      continue;
+    }
+    for (auto& [tag, held] : sender->arrived) {
+      for (auto& pair : pairs_) {
+        if (pair) {
+          check(pair->posted, sender->peer, tag, held.front().call);
+        }
+      }
+      check(anyPeerReceives_, sender->peer, tag, held.front().call);
+    }
+  }
+  return failed;
 }
 
 void TcpTransport::failPending(Pair& pair, CommError::Kind kind, const std::string& why) {
@@ -533,6 +588,31 @@ void TcpTransport::failPair(Pair& pair, const std::string& why) {
   anyPeerReceives_.clear();
 }
 
+std::optional<Transport::StrayMessage> TcpTransport::strayMessage(uint64_t upToTag) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  for (auto& pair : pairs_) {
+    if (pair && !pair->arrived.empty() && pair->arrived.begin()->first <= upToTag) {
+      return StrayMessage{pair->peer, pair->arrived.begin()->first, pair->arrived.begin()->second.front().call};
+    }
+  }
+  return std::nullopt;
+}
+
+void TcpTransport::tellFault(Pair& pair, const std::string& why) {
+  // A fault frame can only go between whole messages, and only if the socket takes all of it at
+  // once (the peer would misread anything less); otherwise the end of the stream tells the peer.
+  const std::string text = why.substr(0, kFaultTextBytes);
+  WireHeader header{kFaultTag, text.size(), {}};
+  iovec iov[2] = {{&header, sizeof(header)}, {const_cast<char*>(text.data()), text.size()}};
+  msghdr msg{};
+  msg.msg_iov = iov;
+  msg.msg_iovlen = 2;
+  if (pair.headSent != 0 ||
+      ::sendmsg(pair.fd, &msg, MSG_NOSIGNAL | MSG_DONTWAIT) != static_cast<ssize_t>(sizeof(header) + text.size())) {
+    ::shutdown(pair.fd, SHUT_WR);
+  }
+}
+
 void TcpTransport::wake() {
   uint64_t one = 1;
   ssize_t ignored = ::write(wakeFd_, &one, sizeof(one));
@@ -569,8 +649,11 @@ void TcpTransport::progress(std::unique_lock<std::mutex>& lock, Deadline deadlin
     }
   }
   lock.unlock();
-  int ready = ::poll(fds.data(), fds.size(), millisecondsUntil(deadline, 1000));
+  int ready = ::poll(fds.data(), fds.size(), millisecondsUntil(deadline, kIdleCheckMs));
   lock.lock();
+  if (ready == 0) {
+    checkHeldCalls();
+  }
   if (ready <= 0) {
     return;
   }
@@ -598,6 +681,9 @@ void TcpTransport::abort(const std::string& why) {
   for (auto& pair : pairs_) {
     if (!pair) {
       continue;
+    }
+    if (pair->failure.empty()) {
+      tellFault(*pair, why);
     }
     for (auto& op : pair->sends) {
       op->fail(CommError::Kind::kAborted, why);

@@ -2,7 +2,8 @@
 //
 // Connections are made eagerly when the group is created (lower rank accepts, higher rank
 // connects), so a dead or missing peer shows up at init rather than as a hang in the middle of a
-// job. On the wire each message is a 16-byte header {tag, nbytes} followed by the payload.
+// job. On the wire each message is a 32-byte header {tag, nbytes, call signature} followed by
+// the payload.
 // A receive posted before its message arrives gets the payload straight into its buffer; a
 // message that arrives first is held in a heap buffer until its receive is posted (collectives
 // cut their messages into chunks, which bounds that buffer).
@@ -45,9 +46,10 @@ class TcpTransport : public PolledTransport {
     return size_;
   }
 
-  RequestPtr isend(int peer, uint64_t tag, const void* buf, size_t nbytes) override;
-  RequestPtr irecv(int peer, uint64_t tag, void* buf, size_t nbytes) override;
+  RequestPtr isend(int peer, uint64_t tag, const CallSignature& call, const void* buf, size_t nbytes) override;
+  RequestPtr irecv(int peer, uint64_t tag, const CallSignature& call, void* buf, size_t nbytes) override;
   void abort(const std::string& why) override;
+  std::optional<StrayMessage> strayMessage(uint64_t upToTag) override;
 
   struct Op;
   struct Pair;
@@ -59,7 +61,11 @@ class TcpTransport : public PolledTransport {
   bool tryAll() override;
   bool trySend(Pair& pair);
   bool tryRecv(Pair& pair);
-  void deliver(Pair& pair, uint64_t tag, std::vector<char>&& payload);
+  void deliver(Pair& pair, uint64_t tag, const CallSignature& call, std::vector<char>&& payload);
+  // Fails posted receives whose call disagrees with a held message of the same tag; true when
+  // one failed. Runs when progress found nothing to do for a while.
+  bool checkHeldCalls();
+  void tellFault(Pair& pair, const std::string& why);
   std::shared_ptr<Op> matchPosted(Pair& pair, uint64_t tag);
   void failPending(Pair& pair, CommError::Kind kind, const std::string& why);
   void failPair(Pair& pair, const std::string& why);
