@@ -24,6 +24,8 @@ struct PendingOp : Request {
   std::string error;
   CommError::Kind errorKind = CommError::Kind::kPeer;
   std::optional<CallMismatch> mismatch;
+  // A probe's payload: the tag it asks about (see probeWaits in the transports).
+  uint64_t probedTag = 0;
 
   int peer() const override {
     return peerRank;

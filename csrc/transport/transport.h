@@ -74,6 +74,11 @@ class CommError : public std::runtime_error {
 
 // Tags: collectives use their sequence number; point-to-point calls use kP2PTagBase + user tag.
 constexpr uint64_t kP2PTagBase = uint64_t(1) << 62;
+// A transport's own message to a peer it has waited on for a while: "I wait for you in the
+// collective tagged <payload> with this call". A peer that runs another call there fails with
+// kMismatch; otherwise ranks that disagree but exchange no message at all would wait out their
+// timeouts.
+constexpr uint64_t kProbeTag = UINT64_MAX - 2;
 constexpr int kAnyPeer = -1;
 
 class Request {

@@ -193,6 +193,9 @@ struct ShmTransport::Peer {
   std::map<uint64_t, std::deque<std::shared_ptr<Op>>> posted;
   std::map<uint64_t, std::deque<Held>> arrived;
 
+  // The last collective this rank sent the peer a probe about.
+  uint64_t probedTag = UINT64_MAX;
+
   SharedRing* outRing = nullptr; // in the peer's segment
   SharedRing* inRing = nullptr; // in this rank's segment
 
@@ -505,7 +508,7 @@ bool ShmTransport::tryRecv(Peer& peer) {
         }
         continue;
       }
-      auto target = matchPosted(peer, header.tag);
+      auto target = header.tag == kProbeTag ? nullptr : matchPosted(peer, header.tag);
       if (target && !target->accepts(peer.rank, header.call, header.nbytes)) {
         completed = true;
         if (header.kind == kSingleCopy) {
@@ -550,6 +553,11 @@ bool ShmTransport::tryRecv(Peer& peer) {
     if (peer.target) {
       peer.target->complete = true;
       peer.target.reset();
+    } else if (peer.header.tag == kProbeTag) {
+      uint64_t probed = 0;
+      std::memcpy(&probed, peer.holding.data(), std::min(peer.holding.size(), sizeof(probed)));
+      failDisagreeing(peer.rank, probed, peer.header.call);
+      peer.holding = {};
     } else if (!peer.discard) {
       auto late = matchPosted(peer, peer.header.tag);
       if (late) {
@@ -684,41 +692,43 @@ bool ShmTransport::checkPostedCalls() {
   // A receive posted for a collective while another rank sent a message of that collective, or
   // announced a shared-memory collective of that sequence number, with a different call: the
   // ranks called different collectives, which no message between the two shows.
-  auto differing = [&](const PendingOp& op) -> std::optional<CallMismatch> {
-    for (auto& peer : peers_) {
-      if (!peer) {
-        continue;
-      }
-      auto held = peer->arrived.find(op.tag);
-      if (held != peer->arrived.end() && !op.call.agreesWith(held->second.front().header.call)) {
-        return CallMismatch{peer->rank, op.tag, op.call, held->second.front().header.call};
-      }
-      for (const SharedPosting& posting : peer->segment.control()->postings) {
-        if (posting.epoch.load(std::memory_order_acquire) != 0 && posting.tag == op.tag &&
-            !op.call.agreesWith(posting.call)) {
-          return CallMismatch{peer->rank, op.tag, op.call, posting.call};
-        }
+  bool failed = false;
+  for (auto& peer : peers_) {
+    if (!peer) {
+      continue;
+    }
+    for (auto& [tag, held] : peer->arrived) {
+      failed |= failDisagreeing(peer->rank, tag, held.front().header.call);
+    }
+    for (const SharedPosting& posting : peer->segment.control()->postings) {
+      if (posting.epoch.load(std::memory_order_acquire) != 0) {
+        failed |= failDisagreeing(peer->rank, posting.tag, posting.call);
       }
     }
-    return std::nullopt;
-  };
+  }
+  return failed;
+}
+
+bool ShmTransport::failDisagreeing(int sender, uint64_t tag, const CallSignature& call) {
   bool failed = false;
   auto check = [&](std::map<uint64_t, std::deque<std::shared_ptr<Op>>>& queues) {
-    for (auto entry = queues.begin(); entry != queues.end();) {
-      auto& ops = entry->second;
-      for (auto op = ops.begin(); op != ops.end();) {
-        auto mismatch = differing(**op);
-        if (!mismatch) {
-          ++op;
-          continue;
-        }
-        (*op)->fail(CommError::Kind::kMismatch,
-                    "rank " + std::to_string(mismatch->peer) + " runs a different call of this collective");
-        (*op)->mismatch = mismatch;
-        op = ops.erase(op); // no later message may land in its buffer
-        failed = true;
+    auto it = queues.find(tag);
+    if (it == queues.end()) {
+      return;
+    }
+    auto& ops = it->second;
+    for (auto op = ops.begin(); op != ops.end();) {
+      if ((*op)->call.agreesWith(call)) {
+        ++op;
+        continue;
       }
-      entry = ops.empty() ? queues.erase(entry) : std::next(entry);
+      (*op)->fail(CommError::Kind::kMismatch, "rank " + std::to_string(sender) + " runs a different call");
+      (*op)->mismatch = CallMismatch{sender, tag, (*op)->call, call};
+      op = ops.erase(op); // no later message may land in its buffer
+      failed = true;
+    }
+    if (ops.empty()) {
+      queues.erase(it);
     }
   };
   for (auto& peer : peers_) {
@@ -728,6 +738,33 @@ bool ShmTransport::checkPostedCalls() {
   }
   check(anyPeerReceives_);
   return failed;
+}
+
+void ShmTransport::probeWaits() {
+  for (auto& peer : peers_) {
+    if (!peer || !peer->failure.empty()) {
+      continue;
+    }
+    for (auto& [tag, ops] : peer->posted) {
+      const CallSignature& call = ops.front()->call;
+      if (call.kind == 0 || peer->probedTag == tag) {
+        continue;
+      }
+      peer->probedTag = tag;
+      auto probe = std::make_shared<Op>();
+      probe->isSend = true;
+      probe->peerRank = peer->rank;
+      probe->tag = kProbeTag;
+      probe->probedTag = tag;
+      probe->buf = reinterpret_cast<char*>(&probe->probedTag);
+      probe->nbytes = sizeof(probe->probedTag);
+      probe->header = MessageHeader{kProbeTag, sizeof(probe->probedTag), 0, 0, call, kEager};
+      peer->sends.push_back(probe);
+      if (peer->sends.size() == 1) {
+        trySend(*peer);
+      }
+    }
+  }
 }
 
 bool ShmTransport::tryAll() {
@@ -755,6 +792,7 @@ void ShmTransport::progress(std::unique_lock<std::mutex>& lock, Deadline deadlin
     if (control->doorbell.load(std::memory_order_seq_cst) == seen) {
       checkLiveness();
       checkPostedCalls();
+      probeWaits();
     }
   }
   control->sleepers.fetch_sub(1, std::memory_order_seq_cst);

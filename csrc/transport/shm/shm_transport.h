@@ -126,6 +126,11 @@ class ShmTransport : public PolledTransport {
   // Fails posted receives whose call disagrees with a held message or a peer's posting of the
   // same tag; true when one failed. Runs when progress found nothing to do for a while.
   bool checkPostedCalls();
+  // Fails posted receives of `tag` whose call disagrees with `call`, which `sender` runs there;
+  // true when one failed.
+  bool failDisagreeing(int sender, uint64_t tag, const CallSignature& call);
+  // Sends a probe (kProbeTag) to each peer this rank has been waiting on, once per collective.
+  void probeWaits();
   void ring(int peer);
 
   const int rank_;

@@ -141,6 +141,8 @@ struct TcpTransport::Pair {
   std::map<uint64_t, std::deque<Held>> arrived;
   // The peer said goodbye: it destroyed its group, so its end of stream is no failure of ours.
   bool left = false;
+  // The last collective this rank sent the peer a probe about.
+  uint64_t probedTag = UINT64_MAX;
 };
 
 TcpTransport::TcpTransport(int rank, int size, Rendezvous& rendezvous, const TcpOptions& options)
@@ -461,7 +463,7 @@ bool TcpTransport::tryRecv(Pair& pair) {
       pair.discard = false;
       if (pair.header.tag == kFaultTag) {
         pair.header.nbytes = std::min<uint64_t>(pair.header.nbytes, kFaultTextBytes);
-      } else {
+      } else if (pair.header.tag != kProbeTag) {
         pair.target = matchPosted(pair, pair.header.tag);
       }
       if (pair.target && !pair.target->accepts(pair.peer, pair.header.call, pair.header.nbytes)) {
@@ -482,7 +484,12 @@ bool TcpTransport::tryRecv(Pair& pair) {
                            std::string(pair.holding.begin(), pair.holding.end()));
         return true;
       }
-      if (pair.target) {
+      if (pair.header.tag == kProbeTag) {
+        uint64_t probed = 0;
+        std::memcpy(&probed, pair.holding.data(), std::min(pair.holding.size(), sizeof(probed)));
+        failDisagreeing(pair.peer, probed, pair.header.call);
+        pair.holding = {};
+      } else if (pair.target) {
         pair.target->complete = true;
         pair.target.reset();
       } else if (!pair.discard) {
@@ -507,13 +514,9 @@ void TcpTransport::deliver(Pair& pair, uint64_t tag, const CallSignature& call, 
   pair.arrived[tag].push_back({call, std::move(payload)});
 }
 
-bool TcpTransport::checkHeldCalls() {
-  // A message nobody has asked for, of a call that disagrees with a receive posted for the same
-  // collective from another rank: the two ranks called different collectives (or the same one
-  // with different peers), which no first message between them shows.
+bool TcpTransport::failDisagreeing(int sender, uint64_t tag, const CallSignature& call) {
   bool failed = false;
-  auto check = [&](std::map<uint64_t, std::deque<std::shared_ptr<Op>>>& queues, int sender, uint64_t tag,
-                   const CallSignature& call) {
+  auto check = [&](std::map<uint64_t, std::deque<std::shared_ptr<Op>>>& queues) {
     auto it = queues.find(tag);
     if (it == queues.end()) {
       return;
@@ -524,7 +527,7 @@ bool TcpTransport::checkHeldCalls() {
         ++op;
         continue;
       }
-      (*op)->fail(CommError::Kind::kMismatch, "rank " + std::to_string(sender) + " sent a message of a different call");
+      (*op)->fail(CommError::Kind::kMismatch, "rank " + std::to_string(sender) + " runs a different call");
       (*op)->mismatch = CallMismatch{sender, tag, (*op)->call, call};
       op = ops.erase(op); // no later message may land in its buffer
       failed = true;
@@ -533,20 +536,55 @@ bool TcpTransport::checkHeldCalls() {
       queues.erase(it);
     }
   };
-  for (auto& sender : pairs_) {
-    if (!sender) {
-      continue;
+  for (auto& pair : pairs_) {
+    if (pair) {
+      check(pair->posted);
     }
-    for (auto& [tag, held] : sender->arrived) {
-      for (auto& pair : pairs_) {
-        if (pair) {
-          check(pair->posted, sender->peer, tag, held.front().call);
-        }
+  }
+  check(anyPeerReceives_);
+  return failed;
+}
+
+bool TcpTransport::checkHeldCalls() {
+  // A message nobody has asked for, of a call that disagrees with a receive posted for the same
+  // collective from another rank: the two ranks called different collectives (or the same one
+  // with different peers), which no first message between them shows.
+  bool failed = false;
+  for (auto& sender : pairs_) {
+    if (sender) {
+      for (auto& [tag, held] : sender->arrived) {
+        failed |= failDisagreeing(sender->peer, tag, held.front().call);
       }
-      check(anyPeerReceives_, sender->peer, tag, held.front().call);
     }
   }
   return failed;
+}
+
+void TcpTransport::probeWaits() {
+  for (auto& pair : pairs_) {
+    if (!pair || !pair->failure.empty()) {
+      continue;
+    }
+    for (auto& [tag, ops] : pair->posted) {
+      const CallSignature& call = ops.front()->call;
+      if (call.kind == 0 || pair->probedTag == tag) {
+        continue;
+      }
+      pair->probedTag = tag;
+      auto probe = std::make_shared<Op>();
+      probe->isSend = true;
+      probe->peerRank = pair->peer;
+      probe->tag = kProbeTag;
+      probe->probedTag = tag;
+      probe->buf = reinterpret_cast<char*>(&probe->probedTag);
+      probe->nbytes = sizeof(probe->probedTag);
+      probe->header = WireHeader{kProbeTag, sizeof(probe->probedTag), call};
+      pair->sends.push_back(probe);
+      if (pair->sends.size() == 1) {
+        trySend(*pair);
+      }
+    }
+  }
 }
 
 void TcpTransport::failPending(Pair& pair, CommError::Kind kind, const std::string& why) {
@@ -653,6 +691,7 @@ void TcpTransport::progress(std::unique_lock<std::mutex>& lock, Deadline deadlin
   lock.lock();
   if (ready == 0) {
     checkHeldCalls();
+    probeWaits();
   }
   if (ready <= 0) {
     return;

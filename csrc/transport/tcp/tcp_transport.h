@@ -65,6 +65,11 @@ class TcpTransport : public PolledTransport {
   // Fails posted receives whose call disagrees with a held message of the same tag; true when
   // one failed. Runs when progress found nothing to do for a while.
   bool checkHeldCalls();
+  // Fails posted receives of `tag` whose call disagrees with `call`, which `sender` runs there;
+  // true when one failed.
+  bool failDisagreeing(int sender, uint64_t tag, const CallSignature& call);
+  // Sends a probe (kProbeTag) to each peer this rank has been waiting on, once per collective.
+  void probeWaits();
   void tellFault(Pair& pair, const std::string& why);
   std::shared_ptr<Op> matchPosted(Pair& pair, uint64_t tag);
   void failPending(Pair& pair, CommError::Kind kind, const std::string& why);

@@ -1,0 +1,249 @@
+"""Faults: ranks that call different collectives, ranks killed mid-collective, and long runs
+that must not grow. Each over both transports (the backend parameter).
+
+The promise checked here: no hang, no silently wrong result, and an error that names the
+collective, its sequence number and the ranks involved."""
+
+from __future__ import annotations
+
+import datetime
+import multiprocessing
+import os
+import resource
+import signal
+import time
+
+import pytest
+import torch
+import torch.distributed as dist
+
+import harness
+from reference import first_line
+
+# Long enough for a loaded CI machine, far shorter than any timeout the cases set: a mismatch
+# must be found within it, not waited out.
+PROMPT_SECONDS = 10.0
+
+
+def _transports(backend: str) -> str:
+    name, env = harness.split_backend(backend)
+    if name != "torus":
+        pytest.skip(f"{backend}: these are torus's promises (gloo leaves mismatches undetected)")
+    return env["TORUS_TRANSPORT"]
+
+
+# ------------------------------------------------------------------ ranks that disagree
+
+
+def _mismatched_call(kind: str, rank: int, group) -> None:
+    """One collective in which rank 1 disagrees with the others in the way `kind` names."""
+    odd = rank == 1
+    if kind == "size":
+        dist.all_reduce(torch.ones(1000 + odd), group=group)
+    elif kind == "dtype":
+        dist.all_reduce(torch.ones(1000, dtype=torch.int32 if odd else torch.float32), group=group)
+    elif kind == "op":
+        dist.all_reduce(torch.ones(1000), op=dist.ReduceOp.MAX if odd else dist.ReduceOp.SUM, group=group)
+    elif kind == "collective":
+        t = torch.ones(1000)
+        if odd:
+            dist.broadcast(t, group_src=0, group=group)
+        else:
+            dist.all_reduce(t, group=group)
+    elif kind == "root":
+        dist.broadcast(torch.ones(1000), group_src=1 if odd else 0, group=group)
+    elif kind == "algorithm":
+        dist.all_reduce(torch.ones(1000), group=group)
+    elif kind == "large_size":
+        dist.all_reduce(torch.ones((1 << 20) + 16 * odd), group=group)
+    elif kind == "allgather_size":
+        out = [torch.empty(100 + odd) for _ in range(dist.get_world_size(group))]
+        dist.all_gather(out, torch.ones(100 + odd), group=group)
+    else:
+        raise ValueError(kind)
+
+
+def _case_mismatch(ctx, kind):
+    import torch_torus
+
+    # Rank 1 runs another allreduce algorithm than the others for "algorithm".
+    algorithm = "direct" if kind == "algorithm" and ctx.rank == 1 else "ring"
+    options = torch_torus.Options(allreduce=algorithm) if kind == "algorithm" else None
+    group = ctx.new_group(list(range(ctx.world_size)), pg_options=options)
+    start = time.monotonic()
+    error = None
+    try:
+        _mismatched_call(kind, ctx.rank, group)
+        # Some disagreements (another root) show only in what is left over: the next call says so.
+        dist.all_reduce(torch.ones(4), group=group)
+    except Exception as e:  # noqa: BLE001 - the type is checked below
+        error = e
+    elapsed = time.monotonic() - start
+    try:
+        dist.destroy_process_group(group)
+    except Exception:  # noqa: BLE001 - a broken group may refuse; what matters was said above
+        pass
+    if error is None:
+        return [f"the mismatch ({kind}) went unnoticed"], ""
+    text = str(error)
+    problems = []
+    if not isinstance(error, dist.DistBackendError):
+        problems.append(f"{type(error).__name__}, not DistBackendError: {first_line(error)}")
+    if "different collectives" not in text or "#" not in text:
+        problems.append(f"the error does not say which collective disagreed: {text[:400]}")
+    if elapsed > PROMPT_SECONDS:
+        problems.append(f"took {elapsed:.1f}s to notice (waited out a timeout?)")
+    return problems, text
+
+
+NAMED = {
+    "size": ["4000 bytes float32", "4004 bytes float32"],
+    "dtype": ["4000 bytes float32", "4000 bytes int32"],
+    "op": ["(sum", "(max"],
+    "collective": ["all_reduce of 4000 bytes", "broadcast of 4000 bytes"],
+    "root": ["root 0", "root 1"],
+    "algorithm": ["ring)", "direct)"],
+    "large_size": ["4194304 bytes", "4194368 bytes"],
+    "allgather_size": ["all_gather of"],
+}
+
+
+@pytest.mark.parametrize("world_size", [2, 3])
+@pytest.mark.parametrize("kind", list(NAMED))
+def test_mismatch_named_on_both_sides(backend, world_size, kind):
+    _transports(backend)
+    results = harness.run(backend, world_size, _case_mismatch, kind, timeout=60)
+    harness.conclude(harness.problems([found for found, _ in results]), None, f"{backend} mismatch {kind}")
+    texts = [text for _, text in results]
+    # Some rank names both sides, with each side's own description.
+    assert any(all(want in text for want in NAMED[kind]) and "rank 0" in text and "rank 1" in text
+               for text in texts), f"no rank names both sides of the {kind} mismatch: {texts}"
+
+
+# ------------------------------------------------------------------ a rank killed mid-collective
+
+
+def _run_kind(kind: str, rank: int, world_size: int) -> None:
+    n = 1 << 16
+    if kind == "all_reduce":
+        dist.all_reduce(torch.ones(n))
+    elif kind == "broadcast":
+        dist.broadcast(torch.ones(n), src=0)
+    elif kind == "all_gather":
+        dist.all_gather_into_tensor(torch.empty(n * world_size), torch.ones(n))
+    elif kind == "reduce_scatter":
+        dist.reduce_scatter_tensor(torch.empty(n), torch.ones(n * world_size))
+    elif kind == "all_to_all":
+        dist.all_to_all_single(torch.empty(n * world_size), torch.ones(n * world_size))
+    elif kind == "gather":
+        dist.gather(torch.ones(n), [torch.empty(n) for _ in range(world_size)] if rank == 0 else None, dst=0)
+    elif kind == "reduce":
+        dist.reduce(torch.ones(n), dst=0)
+    elif kind == "barrier":
+        dist.barrier()
+    elif kind == "send_recv":
+        if rank == 0:
+            for peer in range(1, world_size):
+                dist.recv(torch.empty(n), src=peer)
+        else:
+            dist.send(torch.ones(n), dst=0)
+    else:
+        raise ValueError(kind)
+
+
+def _killed_rank(rank, world_size, path, transport, kind, victim, queue, done):
+    os.environ["TORUS_TRANSPORT"] = transport
+    import torch_torus  # noqa: F401
+
+    # The timeout is long: a survivor that reports it waited it out has failed.
+    dist.init_process_group("torus", init_method="file://" + path, rank=rank, world_size=world_size,
+                            timeout=datetime.timedelta(seconds=120))
+    _run_kind(kind, rank, world_size)
+    if rank == victim:
+        os.kill(os.getpid(), signal.SIGKILL)
+    start = time.monotonic()
+    try:
+        _run_kind(kind, rank, world_size)
+        queue.put((rank, "returned", time.monotonic() - start))
+    except Exception as e:  # noqa: BLE001 - reported to the test
+        queue.put((rank, f"{type(e).__name__}: {e}", time.monotonic() - start))
+    try:
+        # Later calls fail fast too.
+        start = time.monotonic()
+        dist.all_reduce(torch.ones(4))
+        queue.put((rank, "later call returned", time.monotonic() - start))
+    except Exception as e:  # noqa: BLE001
+        queue.put((rank, f"later: {type(e).__name__}: {e}", time.monotonic() - start))
+    done.wait(60)
+    dist.destroy_process_group()
+
+
+KINDS = ["all_reduce", "broadcast", "all_gather", "reduce_scatter", "all_to_all", "gather", "reduce", "barrier",
+         "send_recv"]
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_killed_rank_fails_the_others(backend, tmp_path, kind):
+    transport = _transports(backend)
+    world_size, victim = 3, 2
+    context = multiprocessing.get_context("spawn")
+    queue, done = context.Queue(), context.Event()
+    procs = [context.Process(target=_killed_rank,
+                             args=(r, world_size, str(tmp_path / "store"), transport, kind, victim, queue, done))
+             for r in range(world_size)]
+    for p in procs:
+        p.start()
+    try:
+        reports = [queue.get(timeout=90) for _ in range(2 * (world_size - 1))]
+    finally:
+        done.set()
+        for p in procs:
+            p.join(timeout=10)
+            if p.is_alive():
+                p.kill()
+    for rank, outcome, seconds in reports:
+        # A rank that needs nothing from the dead one (a broadcast's leaf, a gather's sender)
+        # may finish the call it is in; the next one must fail.
+        if outcome == "returned":
+            continue
+        assert "DistBackendError" in outcome, f"rank {rank}: {outcome}"
+        assert f"rank {victim}" in outcome, f"rank {rank} does not name the dead rank: {outcome}"
+        assert "timed out" not in outcome, f"rank {rank} waited out the timeout: {outcome}"
+        assert seconds < PROMPT_SECONDS, f"rank {rank} took {seconds:.1f}s to notice: {outcome}"
+    later = [outcome for _, outcome, _ in reports if outcome.startswith("later:")]
+    assert len(later) == world_size - 1, f"some survivor's next call returned: {reports}"
+
+
+# ------------------------------------------------------------------ no growth over a long run
+
+
+def _fd_count() -> int:
+    return len(os.listdir("/proc/self/fd"))
+
+
+def _case_no_growth(ctx, calls):
+    t = torch.ones(8)
+    for _ in range(calls // 10):
+        dist.all_reduce(t)
+    fds, rss = _fd_count(), resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    start = time.monotonic()
+    for _ in range(calls):
+        t.fill_(1.0)
+        dist.all_reduce(t)
+    seconds = time.monotonic() - start
+    problems = []
+    if not t.eq(ctx.world_size).all():
+        problems.append(f"rank {ctx.rank}: wrong result {t.tolist()}")
+    grown_kib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - rss
+    if _fd_count() != fds:
+        problems.append(f"rank {ctx.rank}: fds went from {fds} to {_fd_count()} over {calls} collectives")
+    # Peak RSS (KiB on Linux): a leak of even 40 bytes per call would show as 4 MiB here.
+    if grown_kib > 4096:
+        problems.append(f"rank {ctx.rank}: peak RSS grew {grown_kib} KiB over {calls} collectives")
+    print(f"rank {ctx.rank}: {calls} all_reduce calls in {seconds:.1f}s, peak RSS +{grown_kib} KiB, fds {fds}")
+    return problems
+
+
+def test_no_growth_over_100k_collectives(backend):
+    _transports(backend)
+    harness.check(backend, 2, _case_no_growth, 100_000, timeout=300)
