@@ -200,7 +200,7 @@ def skip_unless_backend_takes_cuda(backend: str) -> None:
     reason = gpu_missing()
     if reason is not None:
         pytest.skip(reason)
-    if backend == "torus" and not TORUS_ACCEPTS_CUDA:
+    if harness.split_backend(backend)[0] == "torus" and not TORUS_ACCEPTS_CUDA:
         pytest.skip("torus does not accept CUDA tensors yet: its CUDA path is designed (README, "
                     "'CUDA tensors: status') but not built; test_cuda_tensor_rejected covers it")
 

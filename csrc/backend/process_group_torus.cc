@@ -618,7 +618,9 @@ ProcessGroupTorus::Reduction ProcessGroupTorus::reductionFor(const c10d::ReduceO
     case c10d::ReduceOp::PREMUL_SUM: {
       TORCH_CHECK(floating, "torus: ReduceOp.PREMUL_SUM in ", collective, " needs a floating-point tensor, got ",
                   dtype);
-      auto* supplement = dynamic_cast<c10d::PreMulSumSupplement*>(op.supplement_.get());
+      // NCCLPreMulSumSupplement: the struct's name up to torch 2.11, kept as an alias of
+      // PreMulSumSupplement since; the one name that builds against both.
+      auto* supplement = dynamic_cast<c10d::NCCLPreMulSumSupplement*>(op.supplement_.get());
       TORCH_CHECK(supplement != nullptr, "torus: ReduceOp.PREMUL_SUM in ", collective, " carries no factor");
       reduction.preScale =
           supplement->tensor_factor.defined() ? supplement->tensor_factor.item<double>() : supplement->double_factor;
