@@ -23,7 +23,7 @@ Then one command per host runs inside its namespace, started by a launcher:
   none      your command once per host as it is
 
 In every command {node_rank}, {nnodes}, {nproc}, {hostname}, {addr}, {master_addr},
-{master_port} and {results} are replaced by their values for that host. The environment is
+{master_port}, {results} and {link_bits} (the shaped rate in bit/s, 0 if unshaped) are replaced by their values for that host. The environment is
 passed through (less the launcher variables of torchrun, Slurm and MPI); --env adds to it.
 Each host's stdout and stderr go to <results>/node<i>.stdout and .stderr and are printed at
 the end. The network is always taken down: on success, failure, exceptions, SIGINT, SIGTERM
@@ -335,7 +335,8 @@ def plan(cluster: Cluster, launcher: str, nproc: int, argv: list[str], master_po
     for h in cluster.members:
         values = {"node_rank": str(h.index), "nnodes": str(cluster.hosts), "nproc": str(nproc),
                   "hostname": h.hostname, "addr": h.address, "master_addr": cluster.master.address,
-                  "master_port": str(master_port), "results": str(results)}
+                  "master_port": str(master_port), "results": str(results),
+                  "link_bits": str(int(cluster.rate_bits or 0))}
         command = substitute(argv, values)
         if launcher == "torchrun":
             full = [sys.executable, "-m", "torch.distributed.run", "--nnodes", str(cluster.hosts),
