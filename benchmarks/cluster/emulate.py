@@ -23,8 +23,9 @@ Then one command per host runs inside its namespace, started by a launcher:
   none      your command once per host as it is
 
 In every command {node_rank}, {nnodes}, {nproc}, {hostname}, {addr}, {master_addr},
-{master_port}, {results} and {link_bits} (the shaped rate in bit/s, 0 if unshaped) are replaced by their values for that host. The environment is
-passed through (less the launcher variables of torchrun, Slurm and MPI); --env adds to it.
+{master_port}, {results} and {link_bits} (the shaped rate in bit/s, 0 if unshaped) are
+replaced by their values for that host. The environment is passed through (less the launcher
+variables of torchrun, Slurm and MPI); --env adds to it.
 Each host's stdout and stderr go to <results>/node<i>.stdout and .stderr and are printed at
 the end. The network is always taken down: on success, failure, exceptions, SIGINT, SIGTERM
 and SIGHUP; `--cleanup` removes what a killed run left (namespaces of runs whose process is
@@ -515,7 +516,7 @@ def print_linktest(results: dict) -> None:
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="python -m benchmarks.cluster",
-        description=__doc__.split("\n\n")[0] + " Needs root.",
+        description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
         epilog="examples:\n"
                "  python -m benchmarks.cluster --hosts 2 --nproc-per-host 4 --link 1gbit -- \\\n"
