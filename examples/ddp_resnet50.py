@@ -6,9 +6,15 @@ shows in the throughput. The data is random and made once, so no input pipeline 
 
     torchrun --nproc-per-node 4 examples/ddp_resnet50.py --image-size 32
     torchrun --nproc-per-node 4 examples/ddp_resnet50.py --backend gloo --image-size 32 --steps 5
+    torchrun --nnodes 2 --nproc-per-node 4 --node-rank $NODE --master-addr $HEAD \
+        --master-port 29500 examples/ddp_resnet50.py --image-size 32          (two hosts)
+    mpiexec -n 8 python examples/ddp_resnet50.py --image-size 32
+    srun -N 2 --ntasks-per-node 4 python examples/ddp_resnet50.py --image-size 32
 
 Uses torchvision's resnet50 when torchvision is installed, else torch_torus.resnet (the same
-network). Any launcher that sets MASTER_ADDR, MASTER_PORT, RANK and WORLD_SIZE works.
+network). Under mpiexec (MPICH, Open MPI) and srun, torch_torus.launch derives torch's env://
+variables from the launcher's; any other launcher that sets MASTER_ADDR, MASTER_PORT, RANK and
+WORLD_SIZE works too.
 """
 
 from __future__ import annotations
@@ -29,7 +35,6 @@ def available_cores() -> int:
 
 
 def parse_args() -> argparse.Namespace:
-    ranks_here = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
     parser = argparse.ArgumentParser(
         description="DDP training of ResNet-50 on synthetic data, reporting images/s. "
                     "Launch one process per rank, e.g. torchrun --nproc-per-node 4 "
@@ -52,10 +57,10 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--lr", type=float, default=0.01, help="SGD learning rate (default: %(default)s)")
     parser.add_argument("--device", choices=["cpu", "cuda"], default="cpu",
                         help="cuda uses GPU LOCAL_RANK modulo the GPU count (default: %(default)s)")
-    parser.add_argument("--threads", type=int, default=max(1, available_cores() // ranks_here),
+    parser.add_argument("--threads", type=int, default=None,
                         help="torch intra-op threads per rank; the default shares this host's cores "
                              "among its LOCAL_WORLD_SIZE ranks, since more threads than cores "
-                             "makes every rank slower (here: %(default)s)")
+                             "makes every rank slower")
     args = parser.parse_args()
     if args.steps < 1 or args.warmup_steps < 0:
         parser.error("--steps must be at least 1 and --warmup-steps at least 0")
@@ -73,15 +78,31 @@ def resnet50(num_classes: int) -> tuple[nn.Module, str]:
     return torchvision_resnet50(num_classes=num_classes), "torchvision.models"
 
 
+def init_env_from_launcher() -> None:
+    """torch's env:// variables under mpiexec and srun too (torchrun sets them itself)."""
+    try:
+        from torch_torus.launch import LaunchError, init_env_from_launcher as from_launcher
+    except ImportError:
+        return  # --backend gloo without torch_torus: torchrun and the like only
+    try:
+        from_launcher()
+    except LaunchError as error:
+        raise SystemExit(f"ddp_resnet50: {error}") from error
+
+
 def main() -> None:
     args = parse_args()
-    torch.set_num_threads(args.threads)
     if args.backend == "torus":
         try:
             import torch_torus  # noqa: F401  (registers the backend)
         except ImportError as error:
             raise SystemExit(f"--backend torus needs the torch_torus package, which does not "
                              f"import ({error}); --backend gloo runs without it") from error
+    init_env_from_launcher()
+    if args.threads is None:
+        ranks_here = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
+        args.threads = max(1, available_cores() // ranks_here)
+    torch.set_num_threads(args.threads)
 
     if args.device == "cuda":
         torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")) % torch.cuda.device_count())

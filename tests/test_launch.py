@@ -1,5 +1,7 @@
-"""torch_torus.launch: torch's env:// variables from MPICH's and Open MPI's mpiexec, in one
-process, with the environment and the MPI communicator played by stand-ins."""
+"""torch_torus.launch: torch's env:// variables from MPICH's and Open MPI's mpiexec and from
+Slurm's srun, in one process, with the environment and the MPI communicator played by
+stand-ins; init_from_mpi/init_from_slurm/init_from_launcher up to a one-rank torus group; the
+TCP address the backend picks from the group's store."""
 
 from __future__ import annotations
 
@@ -7,7 +9,16 @@ import socket
 
 import pytest
 
-from torch_torus.launch import MpiLaunch, MpiLaunchError, init_env_from_mpi, mpi_launch_from_env
+import torch
+import torch.distributed as dist
+
+import torch_torus
+from torch_torus.config import ConfigError
+from torch_torus.launch import (MpiLaunch, MpiLaunchError, SlurmLaunch, SlurmLaunchError,
+                                expand_hostlist, expand_tasks_per_node, init_env_from_launcher,
+                                init_env_from_mpi, init_env_from_slurm, mpi_launch_from_env,
+                                slurm_launch_from_env)
+from torch_torus.topology import check_addresses, rendezvous_environ
 
 # What each mpiexec sets for the second of four ranks on one host (seen with MPICH 5.0.2's
 # and Open MPI 5.0.11's mpiexec from PyPI), trimmed to the variables read.
@@ -105,3 +116,199 @@ def test_mpi4py_on_another_mpi_than_the_launcher_is_reported():
 def test_not_started_by_mpiexec_is_reported():
     with pytest.raises(MpiLaunchError, match="not started by mpiexec"):
         init_env_from_mpi(FakeComm(0, 1, [socket.gethostname()]), {"RANK": "0"})
+
+
+# --------------------------------------------------------------------------------------------
+# srun
+
+# What srun sets for task 5 of `srun -N 2 --ntasks-per-node 4` (the sixth task: second node,
+# local task 1), trimmed to the variables read and a few beside them.
+SRUN_RANK_5 = {"SLURM_PROCID": "5", "SLURM_NTASKS": "8", "SLURM_STEP_NUM_TASKS": "8",
+               "SLURM_LOCALID": "1", "SLURM_NODEID": "1", "SLURM_NNODES": "2",
+               "SLURM_TASKS_PER_NODE": "4(x2)", "SLURM_STEP_TASKS_PER_NODE": "4(x2)",
+               "SLURM_JOB_NODELIST": "node[01-02]", "SLURM_STEP_NODELIST": "node[01-02]",
+               "SLURM_JOB_ID": "123456", "SLURM_STEP_ID": "0", "SLURMD_NODENAME": "node02"}
+
+
+@pytest.mark.parametrize("text, hosts", [
+    ("node[01-04,07],gpu5", ["node01", "node02", "node03", "node04", "node07", "gpu5"]),
+    ("gpu5", ["gpu5"]),
+    ("node[8-10]", ["node8", "node9", "node10"]),
+    ("node[08-10]", ["node08", "node09", "node10"]),
+    ("a[1-2]b[3,5]", ["a1b3", "a1b5", "a2b3", "a2b5"]),
+    ("x1,cn[003-004]-ib", ["x1", "cn003-ib", "cn004-ib"]),
+])
+def test_compressed_host_lists(text, hosts):
+    assert expand_hostlist(text) == hosts
+
+
+@pytest.mark.parametrize("text, message", [("node[01-04", "unbalanced"), ("node[4-1]", "backwards"),
+                                           ("node[a-b]", "not a number"), ("", "names no host")])
+def test_bad_host_lists_are_named(text, message):
+    with pytest.raises(SlurmLaunchError, match=message):
+        expand_hostlist(text)
+
+
+def test_tasks_per_node():
+    assert expand_tasks_per_node("2(x3),1") == [2, 2, 2, 1]
+    assert expand_tasks_per_node("4") == [4]
+    with pytest.raises(SlurmLaunchError, match="cannot read"):
+        expand_tasks_per_node("2(3)")
+
+
+def test_launch_from_srun():
+    assert slurm_launch_from_env(SRUN_RANK_5) == SlurmLaunch(
+        rank=5, world_size=8, local_rank=1, local_world_size=4, node_rank=1, master_addr="node01")
+    assert slurm_launch_from_env({"RANK": "0"}) is None
+
+
+def test_uneven_tasks_per_node_and_the_job_variables_alone():
+    environ = {"SLURM_PROCID": "4", "SLURM_NTASKS": "5", "SLURM_LOCALID": "0", "SLURM_NODEID": "2",
+               "SLURM_TASKS_PER_NODE": "2(x2),1", "SLURM_JOB_NODELIST": "cn[7-9]"}
+    assert slurm_launch_from_env(environ) == SlurmLaunch(4, 5, 0, 1, 2, "cn7")
+
+
+def test_ntasks_per_node_alone():
+    environ = {"SLURM_PROCID": "6", "SLURM_NTASKS": "8", "SLURM_LOCALID": "2",
+               "SLURM_NTASKS_PER_NODE": "4", "SLURM_NODELIST": "n[1-2]"}
+    assert slurm_launch_from_env(environ) == SlurmLaunch(6, 8, 2, 4, 1, "n1")
+
+
+def test_the_step_wins_over_the_job():
+    # An allocation of 3 nodes, a step on the last two.
+    environ = {**SRUN_RANK_5, "SLURM_NTASKS": "12", "SLURM_TASKS_PER_NODE": "4(x3)",
+               "SLURM_JOB_NODELIST": "node[01-03]", "SLURM_STEP_NODELIST": "node[02-03]"}
+    launch = slurm_launch_from_env(environ)
+    assert (launch.world_size, launch.master_addr) == (8, "node02")
+
+
+@pytest.mark.parametrize("change, message", [
+    ({"SLURM_PROCID": "8"}, "SLURM_PROCID=8 is not a rank of SLURM_STEP_NUM_TASKS=8"),
+    ({"SLURM_LOCALID": "x"}, "SLURM_LOCALID='x' is not an integer"),
+    ({"SLURM_LOCALID": None}, "SLURM_PROCID is set, as srun does, but SLURM_LOCALID is not"),
+    ({"SLURM_STEP_NODELIST": None, "SLURM_JOB_NODELIST": None},
+     "but SLURM_STEP_NODELIST or SLURM_JOB_NODELIST or SLURM_NODELIST is not"),
+    ({"SLURM_NODEID": "2"}, "SLURM_NODEID=2 is not a node of SLURM_STEP_TASKS_PER_NODE='4\\(x2\\)'"),
+    ({"SLURM_STEP_TASKS_PER_NODE": None, "SLURM_TASKS_PER_NODE": None},
+     "tasks per node are unknown"),
+])
+def test_bad_srun_variables_are_named(change, message):
+    environ = {**SRUN_RANK_5, **change}
+    environ = {name: value for name, value in environ.items() if value is not None}
+    with pytest.raises(SlurmLaunchError, match=message):
+        slurm_launch_from_env(environ)
+
+
+def test_env_from_srun_and_its_port():
+    environ = dict(SRUN_RANK_5)
+    init_env_from_slurm(environ)
+    assert {name: environ[name] for name in ("RANK", "WORLD_SIZE", "LOCAL_RANK",
+                                             "LOCAL_WORLD_SIZE", "GROUP_RANK", "MASTER_ADDR",
+                                             "MASTER_PORT")} == {
+        "RANK": "5", "WORLD_SIZE": "8", "LOCAL_RANK": "1", "LOCAL_WORLD_SIZE": "4",
+        "GROUP_RANK": "1", "MASTER_ADDR": "node01", "MASTER_PORT": str(29500 + 456)}
+    environ = {**SRUN_RANK_5, "MASTER_ADDR": "10.1.2.3", "MASTER_PORT": "4000"}
+    init_env_from_slurm(environ)
+    assert (environ["MASTER_ADDR"], environ["MASTER_PORT"]) == ("10.1.2.3", "4000")
+    environ = {name: value for name, value in SRUN_RANK_5.items() if name != "SLURM_JOB_ID"}
+    init_env_from_slurm(environ)
+    assert environ["MASTER_PORT"] == "29500"
+    with pytest.raises(SlurmLaunchError, match="not started by srun"):
+        init_env_from_slurm({})
+
+
+# --------------------------------------------------------------------------------------------
+# Whichever launcher, then init_process_group
+
+
+@pytest.mark.parametrize("environ, found", [
+    ({"RANK": "0", "WORLD_SIZE": "1", **SRUN_RANK_5}, "env"),  # torchrun started by srun
+    ({**MPICH_RANK_1, "MASTER_ADDR": "h", "MASTER_PORT": "1", **SRUN_RANK_5}, "mpi"),
+    (SRUN_RANK_5, "slurm"),
+    ({"PATH": "/bin"}, None),
+])
+def test_the_launcher_is_recognised(environ, found):
+    environ = dict(environ)
+    assert init_env_from_launcher(environ) == found
+    if found in ("mpi", "slurm"):
+        assert {"RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"} <= set(environ)
+
+
+ENV_NAMES = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_RANK", "MASTER_ADDR",
+             "MASTER_PORT")
+
+
+@pytest.fixture
+def clean_environ(monkeypatch):
+    """os.environ without any launcher's variables; whatever the test sets is undone."""
+    import os
+
+    for name in list(os.environ):
+        if name.startswith(("SLURM_", "OMPI_", "PMI_", "PMIX_", "MPI_LOCAL", "TORCHELASTIC_")):
+            monkeypatch.delenv(name)
+    for name in ENV_NAMES:
+        monkeypatch.setenv(name, "")  # recorded, so that the values set below are removed
+        monkeypatch.delenv(name)
+    return monkeypatch
+
+
+def _free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+@pytest.mark.parametrize("how", ["mpi", "slurm", "launcher"])
+def test_init_from_a_launcher_makes_a_torus_group(clean_environ, how):
+    if how == "mpi":
+        for name, value in {**OPEN_MPI_RANK_1, "OMPI_COMM_WORLD_RANK": "0",
+                            "OMPI_COMM_WORLD_SIZE": "1", "OMPI_COMM_WORLD_LOCAL_RANK": "0",
+                            "OMPI_COMM_WORLD_LOCAL_SIZE": "1"}.items():
+            clean_environ.setenv(name, value)
+        start = lambda: torch_torus.init_from_mpi(timeout=30,  # noqa: E731
+                                                  comm=FakeComm(0, 1, [socket.gethostname()]))
+    else:
+        for name, value in {"SLURM_PROCID": "0", "SLURM_NTASKS": "1", "SLURM_LOCALID": "0",
+                            "SLURM_NODEID": "0", "SLURM_TASKS_PER_NODE": "1",
+                            "SLURM_JOB_NODELIST": "localhost",
+                            "MASTER_PORT": str(_free_port())}.items():
+            clean_environ.setenv(name, value)
+        start = (lambda: torch_torus.init_from_slurm(timeout=30)) if how == "slurm" else (  # noqa: E731
+            lambda: torch_torus.init_from_launcher(timeout=30))
+    start()
+    try:
+        assert dist.get_backend() == "torus"
+        assert (dist.get_rank(), dist.get_world_size()) == (0, 1)
+        t = torch.arange(5.0)
+        dist.all_reduce(t)
+        assert t.tolist() == [0.0, 1.0, 2.0, 3.0, 4.0]
+    finally:
+        dist.destroy_process_group()
+
+
+# --------------------------------------------------------------------------------------------
+# The TCP address: routed to the group's TCPStore; loopback across hosts fails at once
+
+
+def test_the_address_routes_to_the_tcpstore():
+    port = _free_port()
+    server = dist.TCPStore("127.0.0.1", port, 1, True, wait_for_workers=False)
+    store = dist.PrefixStore("group", dist.PrefixStore("default_pg", server))
+    environ = rendezvous_environ(store, {"MASTER_ADDR": "elsewhere", "X": "1"})
+    assert (environ["MASTER_ADDR"], environ["MASTER_PORT"], environ["X"]) == (
+        "127.0.0.1", str(port), "1")
+    assert rendezvous_environ(dist.HashStore(), {"X": "1"}) == {"X": "1"}
+
+
+def test_a_loopback_address_across_hosts_is_refused():
+    store = dist.HashStore()
+    store.set("torus/addr/1", "10.0.0.2")
+    with pytest.raises(ConfigError, match="rank 0 would listen on 127.0.0.1, a loopback address "
+                                          "\\(from TORUS_SOCKET_IFNAME='lo'\\), but the group "
+                                          "spans 2 hosts"):
+        check_addresses(store, 0, 2, ["a", "b"], "127.0.0.1", "lo")
+    check_addresses(dist.HashStore(), 0, 1, ["a"], "127.0.0.1", "")  # one host: fine
+    store = dist.HashStore()
+    store.set("torus/addr/1", "127.0.0.1")
+    with pytest.raises(ConfigError, match="rank 1 would listen on 127.0.0.1"):
+        check_addresses(store, 0, 2, ["a", "b"], "10.0.0.1", "")

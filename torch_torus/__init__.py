@@ -14,11 +14,14 @@ import torch.distributed as dist
 
 from . import _C
 from .config import SETTINGS, ConfigError, Options, local_address, resolve
+from .launch import init_from_launcher, init_from_mpi, init_from_slurm
 from .selection import describe, resolve_tables
-from .topology import choose_grid, choose_transport, exchange_host_ids, host_identity
+from .topology import (check_addresses, choose_grid, choose_transport, exchange_host_ids,
+                       host_identity, rendezvous_environ)
 from .tuning import tuned_allreduce
 
-__all__ = ["Options", "ConfigError", "SETTINGS", "BACKEND_NAME", "algorithm_for"]
+__all__ = ["Options", "ConfigError", "SETTINGS", "BACKEND_NAME", "algorithm_for", "init_from_mpi",
+           "init_from_slurm", "init_from_launcher"]
 
 BACKEND_NAME = "torus"
 _LOG_LEVELS = {"warn": 0, "info": 1, "debug": 2}
@@ -37,7 +40,11 @@ def _create_backend(dist_options, pg_options) -> _C.ProcessGroupTorus:
     tables = resolve_tables(values, size, grid, transport, tuned_allreduce=tuned)
     config = _C.TorusConfig()
     config.transport = transport
-    config.address = local_address(values["socket_ifname"])
+    # The address that routes to the group's TCPStore (init_method tcp://, env://, torchrun),
+    # else to MASTER_ADDR, else the host name's.
+    config.address = local_address(values["socket_ifname"], rendezvous_environ(store))
+    if transport == "tcp" and not values["host_id"]:
+        check_addresses(store, rank, size, hosts, config.address, values["socket_ifname"])
     config.chunk_bytes = values["chunk_bytes"]
     config.algorithms = {c: [_C.AlgorithmRule(r.algorithm, r.lo, r.hi) for r in rules] for c, rules in tables.items()}
     config.torus_rows = [list(row) for row in grid.rows] if grid else []

@@ -25,8 +25,9 @@ Columns follow nccl-tests (all_reduce_perf and friends):
   #wrong elements that differ from the expected result, summed over ranks (--check)
 
 The script runs under torchrun or any launcher that sets the env:// variables (MASTER_ADDR,
-MASTER_PORT, RANK, WORLD_SIZE), and under mpiexec (MPICH or Open MPI), from whose variables
-torch_torus.launch derives them; both as `-m torch_torus.bench` and as a plain script path.
+MASTER_PORT, RANK, WORLD_SIZE), and under mpiexec (MPICH or Open MPI) and Slurm's srun, from
+whose variables torch_torus.launch derives them; both as `-m torch_torus.bench` and as a plain
+script path.
 """
 
 from __future__ import annotations
@@ -227,20 +228,24 @@ MPI_LAUNCH_EXAMPLE = "mpiexec -n 4 python -m torch_torus.bench --backends 'torus
 
 
 def init_env_under_mpiexec(contenders: list[Contender]):
-    """Under mpiexec, derive torch's env:// variables from MPI's; under torchrun they are set.
-    Returns the MPI launch (a torch_torus.launch.MpiLaunch), or None without one. The mpi
-    contender needs mpiexec: under torchrun each process would be an MPI world of its own."""
+    """Under mpiexec or srun, derive torch's env:// variables from the launcher's; under
+    torchrun they are set. Returns the MPI launch (a torch_torus.launch.MpiLaunch), or None
+    without one. The mpi contender needs mpiexec: under torchrun each process would be an MPI
+    world of its own."""
     wants_mpi = any(contender.backend == MPI_CONTENDER for contender in contenders)
     if "RANK" in os.environ and not wants_mpi:
         return None  # torchrun or another env:// launcher
-    from torch_torus.launch import MpiLaunchError, init_env_from_mpi, mpi_launch_from_env
+    from torch_torus.launch import (LaunchError, init_env_from_mpi, init_env_from_slurm,
+                                    mpi_launch_from_env, slurm_launch_from_env)
 
     try:
         launch = mpi_launch_from_env()
         if launch is not None and "RANK" not in os.environ:
             init_env_from_mpi()
-    except MpiLaunchError as error:
-        raise SystemExit(f"torch_torus.bench under mpiexec: {error}") from error
+        elif launch is None and "RANK" not in os.environ and slurm_launch_from_env() is not None:
+            init_env_from_slurm()
+    except LaunchError as error:
+        raise SystemExit(f"torch_torus.bench: {error}") from error
     if launch is None and wants_mpi:
         raise SystemExit(
             f"the {MPI_CONTENDER!r} contender calls MPI through mpi4py, so the job must be "
@@ -773,7 +778,7 @@ def build_parser() -> argparse.ArgumentParser:
         description="Measure a torch.distributed collective over a range of sizes for several\n"
                     "backends side by side, with nccl-tests' columns. Launch one process per\n"
                     "rank: torchrun (or any launcher setting MASTER_ADDR, MASTER_PORT, RANK and\n"
-                    "WORLD_SIZE), or mpiexec of MPICH or Open MPI (needs mpi4py).",
+                    "WORLD_SIZE), mpiexec of MPICH or Open MPI (needs mpi4py), or srun.",
         formatter_class=argparse.RawDescriptionHelpFormatter,
         epilog="examples:\n"
                "  torchrun --nproc-per-node 4 -m torch_torus.bench -b 4K -e 64M --check\n"

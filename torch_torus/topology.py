@@ -8,10 +8,12 @@ share a host name while they cannot share loopback or reach each other's process
 
 from __future__ import annotations
 
+import ipaddress
 import math
 import os
 import socket
 from dataclasses import dataclass
+from typing import Mapping
 
 from .config import ConfigError
 
@@ -37,6 +39,46 @@ def exchange_host_ids(store, rank: int, size: int, identity: str) -> list[str]:
     store.set(f"torus/host/{rank}", identity)
     values = store.multi_get([f"torus/host/{r}" for r in range(size)])
     return [bytes(v).decode() for v in values]
+
+
+def rendezvous_environ(store, environ: Mapping[str, str] | None = None) -> Mapping[str, str]:
+    """`environ` (default os.environ) with MASTER_ADDR and MASTER_PORT set to the host and port
+    of the TCPStore under `store` (through PrefixStores), when it is one: the address every rank
+    reached already, also under init_method="tcp://..." where no MASTER_ADDR is set."""
+    import torch.distributed as dist
+
+    environ = os.environ if environ is None else environ
+    while isinstance(store, dist.PrefixStore):
+        store = store.underlying_store
+    if isinstance(store, dist.TCPStore) and store.host:
+        return {**environ, "MASTER_ADDR": store.host, "MASTER_PORT": str(store.port)}
+    return environ
+
+
+def check_addresses(store, rank: int, size: int, hosts: list[str], address: str,
+                    ifname: str) -> None:
+    """Fail at once, on every rank, when a rank would publish a loopback address to peers on
+    other hosts (they would try it until the timeout): e.g. a host name that resolves to
+    127.0.1.1 and no MASTER_ADDR to route to, or TORUS_SOCKET_IFNAME=lo."""
+    store.set(f"torus/addr/{rank}", address)
+    addresses = [bytes(v).decode() for v in store.multi_get([f"torus/addr/{r}" for r in range(size)])]
+    for peer, (peer_address, peer_host) in enumerate(zip(addresses, hosts)):
+        try:
+            loopback = ipaddress.ip_address(peer_address).is_loopback
+        except ValueError:
+            loopback = False
+        if loopback and any(host != peer_host for host in hosts):
+            if peer != rank:
+                how = f"rank {peer}'s own error says where it comes from"
+            elif ifname:
+                how = f"from TORUS_SOCKET_IFNAME={ifname!r}"
+            else:
+                how = "the address routing to the rendezvous host, else the host name's"
+            raise ConfigError(
+                f"torus: rank {peer} would listen on {peer_address}, a loopback address ({how}), "
+                f"but the group spans {len(set(hosts))} hosts, whose ranks cannot reach it; set "
+                "TORUS_SOCKET_IFNAME to the interface that connects the hosts (e.g. eth0), or "
+                "rendezvous at an address the hosts share (MASTER_ADDR, init_method tcp://)")
 
 
 def choose_transport(setting: str, hosts: list[str]) -> str:

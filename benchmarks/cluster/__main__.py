@@ -1,0 +1,5 @@
+import sys
+
+from .emulate import main
+
+sys.exit(main())

@@ -1,0 +1,152 @@
+"""Across hosts: a cluster of 2 emulated hosts x 2 ranks on this machine (benchmarks/cluster:
+a network namespace per host, veths on a bridge, links shaped to 1 Gbit/s with tc tbf), so
+TORUS_TRANSPORT=auto picks TCP between hosts and the torus grid has one row per host.
+
+* allreduce with ring and torus, each rank's result against the one-process reference, started
+  by torchrun on each host (tests/cluster_case.py);
+* the bench, briefly, with --check, started as srun would start it (the emulator's stand-in for
+  srun sets SLURM_* and no MASTER_ADDR: torch_torus.launch derives them);
+* the emulator leaves nothing behind, also when it is stopped by SIGTERM.
+
+Needs root, `ip netns`, tc and unshare; skips saying which is missing. Every run is bounded
+(the emulator's own --timeout and a subprocess timeout above it) and its namespaces are removed
+whatever happens.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+from benchmarks.cluster import emulate  # noqa: E402
+
+CASE = Path(__file__).resolve().with_name("cluster_case.py")
+RUN_LIMIT = 90  # seconds the emulator gives its hosts; the subprocess gets 30 more
+
+
+@pytest.fixture(scope="module")
+def cluster_available():
+    """Skip unless a 1-host shaped cluster can be brought up and down here."""
+    probe = emulate.Cluster(1, emulate.parse_rate("1gbit"), run_id=os.getpid())
+    try:
+        probe.up()
+    except emulate.ClusterError as error:
+        pytest.skip(f"cannot emulate a cluster here: {error}")
+    except OSError as error:  # /etc/netns not writable and the like
+        pytest.skip(f"cannot emulate a cluster here: {error}")
+    finally:
+        probe.down()
+
+
+def run_cluster(args: list[str], tmp_path: Path, limit: float = RUN_LIMIT) -> tuple[int, str, Path]:
+    """`python -m benchmarks.cluster ARGS` with --results under tmp_path, bounded; the run's
+    namespaces are removed afterwards even if it had to be killed. Returns (exit status,
+    everything it printed, results folder)."""
+    results = tmp_path / "results"
+    command = [sys.executable, "-m", "benchmarks.cluster", "--timeout", str(limit), "--grace", "10",
+               "--results", str(results), *args]
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(
+        [str(REPO)] + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]))
+    proc = subprocess.Popen(command, cwd=REPO, env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    try:
+        output, _ = proc.communicate(timeout=limit + 30)
+    except subprocess.TimeoutExpired:
+        proc.send_signal(signal.SIGTERM)  # the emulator tears down on SIGTERM
+        try:
+            output, _ = proc.communicate(timeout=20)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            output, _ = proc.communicate()
+        output = f"{output}\n[test] the emulator overran {limit + 30:g} s and was stopped"
+    finally:
+        left = emulate.cleanup(pid=proc.pid)
+    assert not left, f"the emulator left namespaces behind: {left}\n{output}"
+    return proc.returncode, output, results
+
+
+def test_allreduce_ring_and_torus_across_hosts(cluster_available, tmp_path):
+    status, output, results = run_cluster(
+        ["--hosts", "2", "--nproc-per-host", "2", "--link", "1gbit",
+         "--env", "TORUS_LOG_LEVEL=info", "--", str(CASE)], tmp_path)
+    assert status == 0, output
+    lines = re.findall(r"^CLUSTER-CASE rank (\d+) (.*)$", output, re.MULTILINE)
+    assert sorted(int(rank) for rank, _ in lines) == [0, 1, 2, 3], output
+    for rank, verdict in lines:
+        assert verdict.startswith("ok "), f"rank {rank}: {verdict}"
+        # Two hosts by name and network namespace; torus ran as torus (2x2, one row per host).
+        assert "ring:ring torus:torus hosts=2" in verdict, verdict
+    log = (results / "node0.stderr").read_text()
+    assert "4 ranks on 2 host(s) over tcp, torus grid 2x2 (one row per host)" in log, log
+    assert "over tcp (10.213.0.1)" in log, log  # rank 0's address routes to MASTER_ADDR
+
+
+def test_bench_across_hosts_under_srun(cluster_available, tmp_path):
+    status, output, results = run_cluster(
+        ["--hosts", "2", "--nproc-per-host", "2", "--link", "1gbit", "--launcher", "srun", "--",
+         sys.executable, "-m", "torch_torus.bench", "-b", "4K", "-e", "1M", "-f", "16", "-n", "2",
+         "-w", "1", "--check", "--backends", "torus:allreduce=ring;torus:allreduce=torus;gloo"],
+        tmp_path)
+    assert status == 0, output
+    assert "# 4 ranks on 2 hosts: node0 (2), node1 (2)" in output, output
+    rows = re.findall(r"^\s+(4096|65536|1048576)\s+\d+\s+float32\s+sum\s+-1\s+(.*)$", output,
+                      re.MULTILINE)
+    assert [size for size, _ in rows] == ["4096", "65536", "1048576"], output
+    for size, row in rows:
+        columns = row.split()
+        # time algbw busbw #wrong [algorithm] for each of ring, torus, gloo
+        wrong = [columns[3], columns[8], columns[13]]
+        assert wrong == ["0", "0", "0"], f"{size}: {row}"
+        assert (columns[4], columns[9]) == ("ring", "torus"), f"{size}: {row}"
+
+
+def test_teardown_on_sigterm(cluster_available, tmp_path):
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "benchmarks.cluster", "--hosts", "2", "--link", "100mbit",
+         "--launcher", "none", "--timeout", "60", "--results", str(tmp_path), "--",
+         "sleep", "50"], cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        start_new_session=True)
+    try:
+        deadline = time.monotonic() + 30
+        while len(emulate.leftovers(pid=proc.pid)) < 3 and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert len(emulate.leftovers(pid=proc.pid)) == 3  # the bridge's and 2 hosts'
+        time.sleep(0.5)  # the hosts' commands are starting
+        proc.send_signal(signal.SIGTERM)
+        output, _ = proc.communicate(timeout=30)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+        left = emulate.cleanup(pid=proc.pid)
+    assert not left, f"left behind after SIGTERM: {left}\n{output}"
+    assert proc.returncode == 128 + signal.SIGTERM, output
+    assert "interrupted by SIGTERM; taking the cluster down" in output, output
+
+
+def test_without_root_the_emulator_says_so(monkeypatch):
+    monkeypatch.setattr(emulate.os, "geteuid", lambda: 1000)
+    with pytest.raises(emulate.ClusterError, match="needs root"):
+        emulate.require_root_tools()
+    assert emulate.main(["--hosts", "2", "--", "true"]) == 2
+
+
+@pytest.mark.parametrize("text, bits", [("1gbit", 1e9), ("500mbit", 5e8), ("125mbps", 1e9),
+                                         ("none", None)])
+def test_link_rates(text, bits):
+    assert emulate.parse_rate(text) == bits
+
+
+def test_tasks_per_node_as_slurm_writes_it():
+    assert emulate.tasks_per_node([4, 4, 4]) == "4(x3)"
+    assert emulate.tasks_per_node([2, 2, 1]) == "2(x2),1"
