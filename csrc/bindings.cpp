@@ -57,6 +57,7 @@ PYBIND11_MODULE(_C, module) {
       .def_readwrite("algorithms", &torus::TorusConfig::algorithms)
       .def_readwrite("torus_rows", &torus::TorusConfig::torusRows)
       .def_readwrite("torus_inner", &torus::TorusConfig::torusInner)
+      .def_readwrite("hosts", &torus::TorusConfig::hosts)
       .def_readwrite("log_level", &torus::TorusConfig::logLevel);
 
   py::class_<torus::ProcessGroupTorus, c10d::Backend, c10::intrusive_ptr<torus::ProcessGroupTorus>>(
@@ -71,7 +72,16 @@ PYBIND11_MODULE(_C, module) {
           [](const torus::ProcessGroupTorus& group, const std::string& collective, uint64_t nbytes) {
             return std::string(torus::algorithmName(group.algorithmFor(collective, nbytes)));
           },
-          py::arg("collective"), py::arg("nbytes"));
+          py::arg("collective"), py::arg("nbytes"))
+      .def("traffic",
+           [](const torus::ProcessGroupTorus& group) {
+             const auto t = group.traffic();
+             return py::dict(py::arg("same_host_bytes") = t.sameHostBytes,
+                             py::arg("same_host_messages") = t.sameHostMessages,
+                             py::arg("other_host_bytes") = t.otherHostBytes,
+                             py::arg("other_host_messages") = t.otherHostMessages);
+           })
+      .def("reset_traffic", &torus::ProcessGroupTorus::resetTraffic);
 
 #ifdef TORUS_WITH_CUDA
   module.attr("built_with_cuda") = true;

@@ -20,8 +20,8 @@ from .topology import (check_addresses, choose_grid, choose_transport, exchange_
                        host_identity, rendezvous_environ)
 from .tuning import tuned_allreduce
 
-__all__ = ["Options", "ConfigError", "SETTINGS", "BACKEND_NAME", "algorithm_for", "init_from_mpi",
-           "init_from_slurm", "init_from_launcher"]
+__all__ = ["Options", "ConfigError", "SETTINGS", "BACKEND_NAME", "algorithm_for", "traffic", "reset_traffic",
+           "init_from_mpi", "init_from_slurm", "init_from_launcher"]
 
 BACKEND_NAME = "torus"
 _LOG_LEVELS = {"warn": 0, "info": 1, "debug": 2}
@@ -49,6 +49,7 @@ def _create_backend(dist_options, pg_options) -> _C.ProcessGroupTorus:
     config.algorithms = {c: [_C.AlgorithmRule(r.algorithm, r.lo, r.hi) for r in rules] for c, rules in tables.items()}
     config.torus_rows = [list(row) for row in grid.rows] if grid else []
     config.torus_inner = values["torus_inner"]
+    config.hosts = [sorted(set(hosts)).index(h) for h in hosts]
     config.log_level = _LOG_LEVELS[values["log_level"]]
     name = dist_options.group_id or ""
     if config.log_level >= 1 and rank == 0:
@@ -59,6 +60,30 @@ def _create_backend(dist_options, pg_options) -> _C.ProcessGroupTorus:
     return _C.ProcessGroupTorus(store, rank, size, dist_options.timeout, config, name)
 
 
+def _torus_backend(group: dist.ProcessGroup | None, caller: str) -> _C.ProcessGroupTorus:
+    group = group if group is not None else dist.group.WORLD
+    if group is None:
+        raise RuntimeError(f"torch_torus.{caller}: no process group; call init_process_group first")
+    backend = group._get_backend(torch.device("cpu"))
+    if not isinstance(backend, _C.ProcessGroupTorus):
+        raise ValueError(f"torch_torus.{caller}: the group's CPU backend is {type(backend).__name__}, not torus")
+    return backend
+
+
+def traffic(group: dist.ProcessGroup | None = None) -> dict[str, int]:
+    """What this rank has sent in `group` (default: the world) since it was created or reset:
+    bytes and messages to peers on its own host and on other hosts (same_host_bytes,
+    same_host_messages, other_host_bytes, other_host_messages). Counts the messages of every
+    collective and send; the shared-memory allreduces (one_shot, two_shot) copy between ranks of
+    one host without messages and are not counted."""
+    return _torus_backend(group, "traffic").traffic()
+
+
+def reset_traffic(group: dist.ProcessGroup | None = None) -> None:
+    """Sets this rank's traffic counters of `group` (default: the world) to zero."""
+    _torus_backend(group, "reset_traffic").reset_traffic()
+
+
 def algorithm_for(collective: str, nbytes: int, group: dist.ProcessGroup | None = None) -> str:
     """The algorithm `group` (default: the world) runs `collective` with for `nbytes` bytes.
 
@@ -66,13 +91,7 @@ def algorithm_for(collective: str, nbytes: int, group: dist.ProcessGroup | None 
     "alltoall", "reduce", "gather", "scatter" or "barrier" (one algorithm each); nbytes counts
     the call's largest buffer, as nccl-tests do (allgather: the output, reduce_scatter: the input).
     """
-    group = group if group is not None else dist.group.WORLD
-    if group is None:
-        raise RuntimeError("torch_torus.algorithm_for: no process group; call init_process_group first")
-    backend = group._get_backend(torch.device("cpu"))
-    if not isinstance(backend, _C.ProcessGroupTorus):
-        raise ValueError(f"torch_torus.algorithm_for: the group's CPU backend is {type(backend).__name__}, "
-                         "not torus")
+    backend = _torus_backend(group, "algorithm_for")
     return _SINGLE_ALGORITHM.get(collective) or backend.algorithm_for(collective, nbytes)
 
 

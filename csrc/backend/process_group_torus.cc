@@ -384,7 +384,14 @@ ProcessGroupTorus::ProcessGroupTorus(const c10::intrusive_ptr<c10d::Store>& stor
   }
   std::vector<int> members(static_cast<size_t>(size));
   std::iota(members.begin(), members.end(), 0);
-  comm_ = std::make_unique<Comm>(transport_, std::move(members), rank);
+  TORCH_CHECK_VALUE(config_.hosts.empty() || config_.hosts.size() == static_cast<size_t>(size), "torus: ",
+                    config_.hosts.size(), " host indices for a group of ", size, " ranks");
+  std::vector<bool> sameHost(static_cast<size_t>(size), true);
+  for (size_t r = 0; r < config_.hosts.size(); ++r) {
+    sameHost[r] = config_.hosts[r] == config_.hosts[static_cast<size_t>(rank)];
+  }
+  traffic_ = std::make_shared<TrafficCounters>(std::move(sameHost));
+  comm_ = std::make_unique<Comm>(transport_, std::move(members), rank, traffic_);
   worker_ = std::thread(&ProcessGroupTorus::runWorker, this);
   if (config_.logLevel >= 1 && rank == 0) {
     std::ostringstream line;
@@ -1177,6 +1184,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupTorus::send(std::vector<at::Tensor>& 
   at::Tensor tensor = tensors[0];
   checkTensor(tensor, "send tensor");
   at::Tensor buffer = contiguousBuffer(tensor);
+  traffic_->count(dstRank, bytesOf(buffer));
   auto request = transport_->isend(dstRank, p2pTag(tag), CallSignature{}, buffer.data_ptr(), bytesOf(buffer));
   std::ostringstream context;
   context << "torus:send to rank " << dstRank << " tag " << tag << " (rank " << rank_ << ", group '" << groupName_

@@ -47,6 +47,9 @@ struct TorusConfig {
   // The torus grid as rows of ranks (all rows the same length); empty when the world has none.
   std::vector<std::vector<int>> torusRows;
   std::string torusInner = "ring";
+  // The host of each rank, as indices (ranks with the same index share a host); empty: all
+  // ranks count as one host.
+  std::vector<int> hosts;
   // 0 warn, 1 info, 2 debug.
   int logLevel = 0;
 };
@@ -78,6 +81,13 @@ class ProcessGroupTorus : public c10d::Backend {
   }
   const TorusConfig& config() const {
     return config_;
+  }
+  // What this group's collectives and sends have sent so far, by where the peer lives.
+  TrafficCounters::Snapshot traffic() const {
+    return traffic_->snapshot();
+  }
+  void resetTraffic() {
+    traffic_->reset();
   }
   // The algorithm this group runs `collective` with for a call of `nbytes` bytes (the size of
   // the largest buffer of the call: allreduce and broadcast its tensor, allgather its output,
@@ -182,6 +192,7 @@ class ProcessGroupTorus : public c10d::Backend {
   std::string groupName_;
   std::chrono::milliseconds timeout_;
   std::shared_ptr<Transport> transport_;
+  std::shared_ptr<TrafficCounters> traffic_;
   std::unique_ptr<Comm> comm_;
   Chunking chunking_;
   Scratch scratch_;

@@ -8,8 +8,9 @@
 
 namespace torus {
 
-Comm::Comm(std::shared_ptr<Transport> transport, std::vector<int> members, int self)
-    : transport_(std::move(transport)), members_(std::move(members)), self_(self) {
+Comm::Comm(std::shared_ptr<Transport> transport, std::vector<int> members, int self,
+           std::shared_ptr<TrafficCounters> traffic)
+    : transport_(std::move(transport)), traffic_(std::move(traffic)), members_(std::move(members)), self_(self) {
   if (self_ < 0 || self_ >= size()) {
     throw std::invalid_argument("torus: this process is not a member of the Comm");
   }
@@ -29,6 +30,9 @@ ShmTransport* Comm::sharedMemory() const {
 }
 
 RequestPtr Comm::isend(int peer, const void* buf, size_t nbytes) {
+  if (traffic_) {
+    traffic_->count(members_.at(peer), nbytes);
+  }
   return transport_->isend(members_.at(peer), tag_, call_, buf, nbytes);
 }
 
@@ -68,7 +72,7 @@ Comm Comm::subset(const std::vector<int>& ranks) const {
     }
     members.push_back(members_.at(rank));
   }
-  Comm comm(transport_, std::move(members), self);
+  Comm comm(transport_, std::move(members), self, traffic_);
   comm.tag_ = tag_;
   comm.call_ = call_;
   comm.deadline_ = deadline_;

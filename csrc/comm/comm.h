@@ -3,6 +3,8 @@
 // the tag and deadline of the collective in progress.
 #pragma once
 
+#include <atomic>
+#include <cstdint>
 #include <memory>
 #include <vector>
 
@@ -12,10 +14,48 @@ namespace torus {
 
 class ShmTransport;
 
+// Bytes and messages a group has sent to peers on its own host and on other hosts: what shows
+// whether an algorithm keeps its traffic off the links between hosts (a host-rowed torus against
+// a ring). Counted as messages are posted; shared by a Comm and its subsets.
+class TrafficCounters {
+ public:
+  // sameHost[r]: transport rank r lives on this process's host.
+  explicit TrafficCounters(std::vector<bool> sameHost) : sameHost_(std::move(sameHost)) {}
+  void count(int transportRank, size_t nbytes) {
+    Counter& counter = sameHost_.at(static_cast<size_t>(transportRank)) ? sameHostSent_ : otherHostSent_;
+    counter.bytes.fetch_add(nbytes, std::memory_order_relaxed);
+    counter.messages.fetch_add(1, std::memory_order_relaxed);
+  }
+  struct Snapshot {
+    uint64_t sameHostBytes, sameHostMessages, otherHostBytes, otherHostMessages;
+  };
+  Snapshot snapshot() const {
+    return {sameHostSent_.bytes.load(), sameHostSent_.messages.load(), otherHostSent_.bytes.load(),
+            otherHostSent_.messages.load()};
+  }
+  void reset() {
+    for (Counter* counter : {&sameHostSent_, &otherHostSent_}) {
+      counter->bytes.store(0);
+      counter->messages.store(0);
+    }
+  }
+
+ private:
+  struct Counter {
+    std::atomic<uint64_t> bytes{0};
+    std::atomic<uint64_t> messages{0};
+  };
+  const std::vector<bool> sameHost_;
+  Counter sameHostSent_;
+  Counter otherHostSent_;
+};
+
 class Comm {
  public:
   // members[i] is the transport rank of this Comm's rank i; self is this process's index.
-  Comm(std::shared_ptr<Transport> transport, std::vector<int> members, int self);
+  // `traffic` (may be null) counts what isend posts.
+  Comm(std::shared_ptr<Transport> transport, std::vector<int> members, int self,
+       std::shared_ptr<TrafficCounters> traffic = nullptr);
 
   int rank() const {
     return self_;
@@ -70,6 +110,7 @@ class Comm {
 
  private:
   std::shared_ptr<Transport> transport_;
+  std::shared_ptr<TrafficCounters> traffic_;
   std::vector<int> members_;
   int self_;
   uint64_t tag_ = 0;

@@ -1,0 +1,62 @@
+"""torch_torus.traffic: bytes each rank sends to its own host and to other hosts, which shows a
+host-rowed torus keeping traffic off the links between hosts. Hosts are told apart by
+TORUS_HOST_ID (pg_options host_id), so one machine stands for two."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.distributed as dist
+
+import harness
+
+MIB = 1 << 20
+
+
+def _case_traffic(ctx, algorithm):
+    import torch_torus
+
+    # Ranks 0, 1 on host a; 2, 3 on host b: the torus's rows are the hosts.
+    options = torch_torus.Options(host_id=f"host-{'ab'[ctx.rank // 2]}", allreduce=algorithm, transport="tcp")
+    group = ctx.new_group(list(range(ctx.world_size)), pg_options=options)
+    t = torch.ones(MIB // 4)
+    torch_torus.reset_traffic(group)
+    dist.all_reduce(t, group=group)
+    sent = torch_torus.traffic(group)
+    torch_torus.reset_traffic(group)
+    after_reset = torch_torus.traffic(group)
+    dist.destroy_process_group(group)
+    problems = [] if t.eq(ctx.world_size).all() else [f"wrong sum {t[:4].tolist()}"]
+    if any(after_reset.values()):
+        problems.append(f"reset_traffic left {after_reset}")
+    return problems, sent
+
+
+# Per rank, allreduce of S bytes on 2 hosts x 2 ranks. Ring 0-1-2-3: each rank sends 2(n-1)/n S =
+# 1.5 S, to its right neighbour, which is on the other host for ranks 1 and 3. Torus: the row
+# reduce-scatter and allgather send S/2 each inside the host, the column allreduce of S/2 between
+# two ranks sends S/2 to the other host.
+EXPECTED = {
+    "ring": {0: (1.5 * MIB, 0), 1: (0, 1.5 * MIB), 2: (1.5 * MIB, 0), 3: (0, 1.5 * MIB)},
+    "torus": {r: (1.0 * MIB, 0.5 * MIB) for r in range(4)},
+}
+
+
+@pytest.mark.parametrize("algorithm", list(EXPECTED))
+def test_traffic_by_host(backend, algorithm):
+    if harness.split_backend(backend)[0] != "torus":
+        pytest.skip("torus's own counters")
+    results = harness.run(backend, 4, _case_traffic, algorithm, timeout=60)
+    harness.conclude(harness.problems([found for found, _ in results]), None, f"{backend} traffic")
+    for rank, (_, sent) in enumerate(results):
+        same, other = EXPECTED[algorithm][rank]
+        assert (sent["same_host_bytes"], sent["other_host_bytes"]) == (same, other), \
+            f"rank {rank} under {algorithm}: {sent}, expected {same:.0f} same-host and {other:.0f} other-host bytes"
+        assert sent["same_host_messages"] + sent["other_host_messages"] > 0
+
+
+def test_traffic_needs_a_torus_group():
+    import torch_torus
+
+    with pytest.raises(RuntimeError, match="no process group"):
+        torch_torus.traffic()
