@@ -87,8 +87,9 @@ def test_allreduce_ring_and_torus_across_hosts(cluster_available, tmp_path):
         # Two hosts by name and network namespace; torus ran as torus (2x2, one row per host).
         assert "ring:ring torus:torus hosts=2" in verdict, verdict
     log = (results / "node0.stderr").read_text()
-    assert "4 ranks on 2 host(s) over tcp, torus grid 2x2 (one row per host)" in log, log
-    assert "over tcp (10.213.0.1)" in log, log  # rank 0's address routes to MASTER_ADDR
+    assert "4 ranks on 2 host(s) over shm+tcp, torus grid 2x2 (one row per host)" in log, log
+    # Shared memory inside each host; rank 0's address routes to MASTER_ADDR.
+    assert "shared memory inside each host, tcp between hosts (10.213.0.1)" in log, log
 
 
 def test_bench_across_hosts_under_srun(cluster_available, tmp_path):

@@ -43,7 +43,7 @@ def _create_backend(dist_options, pg_options) -> _C.ProcessGroupTorus:
     # The address that routes to the group's TCPStore (init_method tcp://, env://, torchrun),
     # else to MASTER_ADDR, else the host name's.
     config.address = local_address(values["socket_ifname"], rendezvous_environ(store))
-    if transport == "tcp" and not values["host_id"]:
+    if transport != "shm" and not values["host_id"]:
         check_addresses(store, rank, size, hosts, config.address, values["socket_ifname"])
     config.chunk_bytes = values["chunk_bytes"]
     config.algorithms = {c: [_C.AlgorithmRule(r.algorithm, r.lo, r.hi) for r in rules] for c, rules in tables.items()}

@@ -193,7 +193,8 @@ SETTINGS: tuple[Setting, ...] = (
         _one_of(TRANSPORTS),
         "How ranks move bytes: shm (shared memory, with single copies between processes where "
         "the kernel allows; every rank on one host), tcp, or auto: shm when all ranks share a "
-        "host, else tcp.",
+        "host; across hosts, shared memory inside each host and tcp between hosts when some host "
+        "holds several ranks, else tcp.",
     ),
     Setting(
         "TORUS_HOST_ID",

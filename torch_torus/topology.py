@@ -82,14 +82,17 @@ def check_addresses(store, rank: int, size: int, hosts: list[str], address: str,
 
 
 def choose_transport(setting: str, hosts: list[str]) -> str:
-    """"tcp" or "shm" for a group whose ranks live on `hosts`, given TORUS_TRANSPORT."""
+    """"tcp", "shm" or "shm+tcp" (shared memory inside each host, TCP between hosts) for a group
+    whose ranks live on `hosts`, given TORUS_TRANSPORT."""
     one_host = len(set(hosts)) == 1
     if setting == "shm" and not one_host:
         raise ConfigError(
             f"TORUS_TRANSPORT=shm needs every rank on one host, but this group spans {len(set(hosts))} "
             "hosts (by host name, boot id and network namespace, or TORUS_HOST_ID); allowed here: tcp, auto")
     if setting == "auto":
-        return "shm" if one_host else "tcp"
+        if one_host:
+            return "shm"
+        return "shm+tcp" if len(set(hosts)) < len(hosts) else "tcp"
     return setting
 
 

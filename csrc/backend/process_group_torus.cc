@@ -18,8 +18,7 @@
 #include "collectives/ring_allgather.h"
 #include "collectives/ring_reduce_scatter.h"
 #include "collectives/scatter_direct.h"
-#include "transport/shm/shm_transport.h"
-#include "transport/tcp/tcp_transport.h"
+#include "transport/hybrid_transport.h"
 
 namespace torus {
 
@@ -364,19 +363,34 @@ ProcessGroupTorus::ProcessGroupTorus(const c10::intrusive_ptr<c10d::Store>& stor
   TORCH_CHECK_VALUE(inner != Algorithm::kOneShot && inner != Algorithm::kTwoShot, "torus: the torus inner algorithm ",
                     config_.torusInner, " cannot run on a torus column (it needs the whole group's shared memory)");
   torusInner_ = allreduceFunction(inner);
-  TORCH_CHECK_VALUE(config_.transport == "tcp" || config_.transport == "shm", "torus: unknown transport '",
-                    config_.transport, "'; expected tcp or shm");
+  TORCH_CHECK_VALUE(config_.transport == "tcp" || config_.transport == "shm" || config_.transport == "shm+tcp",
+                    "torus: unknown transport '", config_.transport, "'; expected tcp, shm or shm+tcp");
+  TORCH_CHECK_VALUE(config_.hosts.empty() || config_.hosts.size() == static_cast<size_t>(size), "torus: ",
+                    config_.hosts.size(), " host indices for a group of ", size, " ranks");
+  std::vector<bool> sameHost(static_cast<size_t>(size), true);
+  std::vector<int> hostMembers;
+  for (size_t r = 0; r < config_.hosts.size(); ++r) {
+    sameHost[r] = config_.hosts[r] == config_.hosts[static_cast<size_t>(rank)];
+    if (sameHost[r]) {
+      hostMembers.push_back(static_cast<int>(r));
+    }
+  }
   StoreRendezvous rendezvous(store);
   try {
+    TcpOptions tcp;
+    tcp.address = config_.address;
+    tcp.timeout = timeout;
     if (config_.transport == "shm") {
       auto shm = std::make_shared<ShmTransport>(rank, size, rendezvous);
       sharedMemory_ = true;
       singleCopy_ = shm->singleCopy();
       transport_ = std::move(shm);
+    } else if (config_.transport == "shm+tcp") {
+      TORCH_CHECK_VALUE(!hostMembers.empty(), "torus: transport shm+tcp needs the ranks' hosts");
+      transport_ = std::make_shared<HybridTransport>(std::make_unique<TcpTransport>(rank, size, rendezvous, tcp),
+                                                     std::make_unique<ShmTransport>(rank, size, rendezvous, hostMembers),
+                                                     sameHost);
     } else {
-      TcpOptions tcp;
-      tcp.address = config_.address;
-      tcp.timeout = timeout;
       transport_ = std::make_shared<TcpTransport>(rank, size, rendezvous, tcp);
     }
   } catch (const CommError& e) {
@@ -384,12 +398,6 @@ ProcessGroupTorus::ProcessGroupTorus(const c10::intrusive_ptr<c10d::Store>& stor
   }
   std::vector<int> members(static_cast<size_t>(size));
   std::iota(members.begin(), members.end(), 0);
-  TORCH_CHECK_VALUE(config_.hosts.empty() || config_.hosts.size() == static_cast<size_t>(size), "torus: ",
-                    config_.hosts.size(), " host indices for a group of ", size, " ranks");
-  std::vector<bool> sameHost(static_cast<size_t>(size), true);
-  for (size_t r = 0; r < config_.hosts.size(); ++r) {
-    sameHost[r] = config_.hosts[r] == config_.hosts[static_cast<size_t>(rank)];
-  }
   traffic_ = std::make_shared<TrafficCounters>(std::move(sameHost));
   comm_ = std::make_unique<Comm>(transport_, std::move(members), rank, traffic_);
   worker_ = std::thread(&ProcessGroupTorus::runWorker, this);
@@ -399,6 +407,8 @@ ProcessGroupTorus::ProcessGroupTorus(const c10::intrusive_ptr<c10d::Store>& stor
     if (sharedMemory_) {
       line << "shared memory (" << (singleCopy_ ? "single-copy transfers" : "no single-copy transfers: two_shot off")
            << ")";
+    } else if (config_.transport == "shm+tcp") {
+      line << "shared memory inside each host, tcp between hosts (" << config_.address << ")";
     } else {
       line << "tcp (" << config_.address << ")";
     }

@@ -18,7 +18,7 @@ Comm::Comm(std::shared_ptr<Transport> transport, std::vector<int> members, int s
 
 ShmTransport* Comm::sharedMemory() const {
   auto* shm = dynamic_cast<ShmTransport*>(transport_.get());
-  if (shm == nullptr || static_cast<int>(members_.size()) != shm->size()) {
+  if (shm == nullptr || !shm->spansGroup() || static_cast<int>(members_.size()) != shm->size()) {
     return nullptr;
   }
   for (size_t i = 0; i < members_.size(); ++i) {

@@ -14,6 +14,9 @@ void throwIfFailed(const PendingOp& op) {
   }
 }
 
+
+} // namespace
+
 std::string describePending(const std::vector<RequestPtr>& requests) {
   std::ostringstream out;
   const char* separator = "";
@@ -34,8 +37,6 @@ std::string describePending(const std::vector<RequestPtr>& requests) {
   return out.str();
 }
 
-} // namespace
-
 bool PendingOp::accepts(int peer, const CallSignature& theirCall, size_t theirBytes) {
   if (!call.agreesWith(theirCall)) {
     fail(CommError::Kind::kMismatch, "rank " + std::to_string(peer) + " sent a message of a different call");
@@ -52,8 +53,15 @@ bool PendingOp::accepts(int peer, const CallSignature& theirCall, size_t theirBy
 }
 
 void PolledTransport::wait(const std::vector<RequestPtr>& requests, Deadline deadline) {
+  if (!waitFor(requests, deadline)) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    throw CommError(CommError::Kind::kTimeout, "timed out waiting for " + describePending(requests));
+  }
+}
+
+bool PolledTransport::waitFor(const std::vector<RequestPtr>& requests, Deadline until) {
   std::unique_lock<std::mutex> lock(mutex_);
-  for (;;) {
+  for (bool first = true;; first = false) {
     bool allComplete = true;
     for (const auto& request : requests) {
       const auto& op = static_cast<const PendingOp&>(*request);
@@ -61,19 +69,27 @@ void PolledTransport::wait(const std::vector<RequestPtr>& requests, Deadline dea
       allComplete = allComplete && op.complete;
     }
     if (allComplete) {
-      return;
+      return true;
     }
-    if (Clock::now() >= deadline) {
-      throw CommError(CommError::Kind::kTimeout, "timed out waiting for " + describePending(requests));
+    if (!first && Clock::now() >= until) {
+      return false;
     }
     if (!progressing_) {
       progressing_ = true;
-      progress(lock, deadline);
+      progress(lock, until);
       progressing_ = false;
       progressed_.notify_all();
     } else {
-      progressed_.wait_until(lock, std::min(deadline, Clock::now() + std::chrono::seconds(1)));
+      progressed_.wait_until(lock, std::min(until, Clock::now() + std::chrono::seconds(1)));
     }
+  }
+}
+
+
+void PolledTransport::poke() {
+  std::unique_lock<std::mutex> lock(mutex_);
+  if (!progressing_ && tryAll()) {
+    progressed_.notify_all();
   }
 }
 

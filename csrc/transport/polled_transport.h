@@ -14,6 +14,8 @@ namespace torus {
 
 // A send or receive in flight. Transports extend it with what their wire needs.
 struct PendingOp : Request {
+  // The transport that made it (a transport over two others routes waits by it).
+  const Transport* owner = nullptr;
   bool isSend = false;
   int peerRank = 0; // kAnyPeer for a receive from any peer until one matches
   uint64_t tag = 0;
@@ -43,10 +45,18 @@ struct PendingOp : Request {
   bool accepts(int peer, const CallSignature& theirCall, size_t theirBytes);
 };
 
+// "receive of 4000 bytes from rank 1, send of ..." for the requests not yet complete.
+std::string describePending(const std::vector<RequestPtr>& requests);
+
 class PolledTransport : public Transport {
  public:
   void wait(const std::vector<RequestPtr>& requests, Deadline deadline) final;
   bool test(const RequestPtr& request) final;
+  // As wait(), but returns false once `until` has passed (after at least one attempt to make
+  // progress) instead of throwing.
+  bool waitFor(const std::vector<RequestPtr>& requests, Deadline until);
+  // One non-blocking attempt to move every pending request, unless a waiting thread is at it.
+  void poke();
 
  protected:
   // With mutex_ held: one non-blocking attempt on every peer; true when a request completed.

@@ -206,9 +206,16 @@ struct ShmTransport::Peer {
   }
 };
 
-ShmTransport::ShmTransport(int rank, int size, Rendezvous& rendezvous)
+ShmTransport::ShmTransport(int rank, int size, Rendezvous& rendezvous, std::vector<int> members)
     : rank_(rank), size_(size), self_(std::make_unique<Segment>()), peers_(static_cast<size_t>(size)) {
-  connectAll(rendezvous);
+  if (members.empty()) {
+    members.resize(static_cast<size_t>(size));
+    for (int r = 0; r < size; ++r) {
+      members[static_cast<size_t>(r)] = r;
+    }
+  }
+  spansGroup_ = static_cast<int>(members.size()) == size;
+  connectAll(rendezvous, members);
 }
 
 ShmTransport::~ShmTransport() {
@@ -222,7 +229,7 @@ ShmTransport::~ShmTransport() {
   }
 }
 
-void ShmTransport::connectAll(Rendezvous& rendezvous) {
+void ShmTransport::connectAll(Rendezvous& rendezvous, const std::vector<int>& members) {
   const size_t bytes = segmentBytes(size_);
   int fd = ::memfd_create(("torus-rank" + std::to_string(rank_)).c_str(), MFD_CLOEXEC);
   if (fd < 0) {
@@ -250,7 +257,7 @@ void ShmTransport::connectAll(Rendezvous& rendezvous) {
   rendezvous.set("shm/" + std::to_string(rank_), mine.str());
 
   bool readsAll = true;
-  for (int r = 0; r < size_; ++r) {
+  for (int r : members) {
     if (r == rank_) {
       continue;
     }
@@ -303,10 +310,11 @@ void ShmTransport::connectAll(Rendezvous& rendezvous) {
 }
 
 RequestPtr ShmTransport::isend(int peer, uint64_t tag, const CallSignature& call, const void* buf, size_t nbytes) {
-  if (peer < 0 || peer >= size_ || peer == rank_) {
+  if (peer < 0 || peer >= size_ || peer == rank_ || !peers_[peer]) {
     throw std::invalid_argument("torus: invalid send peer " + std::to_string(peer));
   }
   auto op = std::make_shared<Op>();
+  op->owner = this;
   op->isSend = true;
   op->peerRank = peer;
   op->tag = tag;
@@ -351,10 +359,11 @@ void ShmTransport::queueAck(Peer& peer, uint64_t sequence) {
 }
 
 RequestPtr ShmTransport::irecv(int peer, uint64_t tag, const CallSignature& call, void* buf, size_t nbytes) {
-  if (peer != kAnyPeer && (peer < 0 || peer >= size_ || peer == rank_)) {
+  if (peer != kAnyPeer && (peer < 0 || peer >= size_ || peer == rank_ || !peers_[peer])) {
     throw std::invalid_argument("torus: invalid receive peer " + std::to_string(peer));
   }
   auto op = std::make_shared<Op>();
+  op->owner = this;
   op->peerRank = peer;
   op->tag = tag;
   op->buf = static_cast<char*>(buf);

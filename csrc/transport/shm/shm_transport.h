@@ -47,8 +47,9 @@ class ShmTransport : public PolledTransport {
   // Each one-shot slot (there are two, used by alternate epochs).
   static constexpr size_t kSlotBytes = 512 * 1024;
 
-  // Setup is bounded by the rendezvous store's own timeout.
-  ShmTransport(int rank, int size, Rendezvous& rendezvous);
+  // Ranks are the group's; `members` are the ranks this transport connects (this host's), every
+  // rank when empty. Setup is bounded by the rendezvous store's own timeout.
+  ShmTransport(int rank, int size, Rendezvous& rendezvous, std::vector<int> members = {});
   ~ShmTransport() override;
 
   int rank() const override {
@@ -69,6 +70,10 @@ class ShmTransport : public PolledTransport {
   // every peer can read this rank's: the condition for two_shot.
   bool singleCopy() const {
     return singleCopy_;
+  }
+  // True when this transport connects every rank of the group (what postings need).
+  bool spansGroup() const {
+    return spansGroup_;
   }
 
   // What a rank announces for one shm collective; peers check that their calls agree.
@@ -104,7 +109,7 @@ class ShmTransport : public PolledTransport {
   struct Segment;
 
  private:
-  void connectAll(Rendezvous& rendezvous);
+  void connectAll(Rendezvous& rendezvous, const std::vector<int>& members);
   // Waits, spinning then sleeping on this rank's doorbell, until ready() (called without the
   // transport's lock) returns true. Throws on deadline, abort, a dead or faulted peer; runs
   // whenIdle (if set, with the lock held) after sleeps in which nothing happened.
@@ -138,6 +143,7 @@ class ShmTransport : public PolledTransport {
   std::unique_ptr<Segment> self_;
   std::vector<std::unique_ptr<Peer>> peers_; // indexed by rank; null for self
   bool singleCopy_ = false;
+  bool spansGroup_ = true;
   uint64_t epoch_ = 0;
   uint64_t deliveriesAwaited_ = 0;
 

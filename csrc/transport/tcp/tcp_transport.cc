@@ -281,6 +281,7 @@ RequestPtr TcpTransport::isend(int peer, uint64_t tag, const CallSignature& call
     throw std::invalid_argument("torus: invalid send peer " + std::to_string(peer));
   }
   auto op = std::make_shared<Op>();
+  op->owner = this;
   op->isSend = true;
   op->peerRank = peer;
   op->tag = tag;
@@ -311,6 +312,7 @@ RequestPtr TcpTransport::irecv(int peer, uint64_t tag, const CallSignature& call
     throw std::invalid_argument("torus: invalid receive peer " + std::to_string(peer));
   }
   auto op = std::make_shared<Op>();
+  op->owner = this;
   op->peerRank = peer;
   op->tag = tag;
   op->buf = static_cast<char*>(buf);
