@@ -153,6 +153,9 @@ def _run_kind(kind: str, rank: int, world_size: int) -> None:
 
 def _killed_rank(rank, world_size, path, transport, kind, victim, queue, done):
     os.environ["TORUS_TRANSPORT"] = transport
+    if transport == "auto":
+        # Ranks 0 and 1 share a host, rank 2 has one of its own: auto runs shm+tcp.
+        os.environ["TORUS_HOST_ID"] = f"host-{rank // 2}"
     import torch_torus  # noqa: F401
 
     # The timeout is long: a survivor that reports it waited it out has failed.
@@ -184,8 +187,18 @@ KINDS = ["all_reduce", "broadcast", "all_gather", "reduce_scatter", "all_to_all"
 
 @pytest.mark.parametrize("kind", KINDS)
 def test_killed_rank_fails_the_others(backend, tmp_path, kind):
-    transport = _transports(backend)
-    world_size, victim = 3, 2
+    _killed_rank_fails_the_others(tmp_path, _transports(backend), kind, victim=2)
+
+
+@pytest.mark.parametrize("victim", [1, 2])
+@pytest.mark.parametrize("kind", ["all_reduce", "all_gather", "barrier"])
+def test_killed_rank_fails_the_others_across_hosts(tmp_path, kind, victim):
+    """shm+tcp: a dead rank on this host (1, seen by its pidfd) or on another (2, by TCP)."""
+    _killed_rank_fails_the_others(tmp_path, "auto", kind, victim)
+
+
+def _killed_rank_fails_the_others(tmp_path, transport, kind, victim):
+    world_size = 3
     context = multiprocessing.get_context("spawn")
     queue, done = context.Queue(), context.Event()
     procs = [context.Process(target=_killed_rank,
