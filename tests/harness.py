@@ -653,6 +653,15 @@ def get_pool(backend: str, world_size: int, env: Optional[dict] = None, init: st
     return pool
 
 
+def discard_pool(backend: str, world_size: int, env: Optional[dict] = None, init: str = "file",
+                 options: Optional[dict] = None) -> None:
+    """Kill the cached pool for this spec, if any: for a case whose ranks all answered but whose
+    group may be out of step (a collective left half done), so that the next test starts afresh."""
+    pool = _POOLS.get(make_spec(backend, world_size, env, init, options))
+    if pool is not None:
+        pool.kill()
+
+
 def run(backend: str, world_size: int, fn: Callable, *args, env: Optional[dict] = None,
         init: str = "file", options: Optional[dict] = None, timeout: Optional[float] = None,
         grace: Optional[float] = None, **kwargs) -> List[Any]:

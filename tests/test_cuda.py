@@ -348,7 +348,7 @@ def _case_cuda_tensor_rejected(ctx):
         dist.all_reduce(t)
     except Exception as e:
         text = str(e)
-        if "allreduce tensor is a CUDA tensor; CUDA tensors are not supported yet" not in text:
+        if "all_reduce tensor is a CUDA tensor; CUDA tensors are not supported yet" not in text:
             return [f"all_reduce on a CUDA tensor raised, but not the clear error: {first_line(e)}"]
     else:
         return ["all_reduce on a CUDA tensor returned instead of raising 'not supported yet'"]

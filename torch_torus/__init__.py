@@ -16,8 +16,9 @@ from . import _C
 from .config import SETTINGS, ConfigError, Options, local_address, resolve
 from .launch import init_from_launcher, init_from_mpi, init_from_slurm
 from .selection import describe, resolve_tables
-from .topology import (check_addresses, choose_grid, choose_transport, exchange_host_ids,
-                       host_identity, rendezvous_environ)
+from .topology import (check_addresses, choose_grid, choose_transport, exchange_host_ids, host_identity,
+                       publish_failure, rendezvous_environ)
+from .tuning import read as read_tuning
 from .tuning import tuned_allreduce
 
 __all__ = ["Options", "ConfigError", "SETTINGS", "BACKEND_NAME", "algorithm_for", "traffic", "reset_traffic",
@@ -30,27 +31,47 @@ _SINGLE_ALGORITHM = {"alltoall": "pairwise", "reduce": "binomial", "gather": "di
                      "barrier": "dissemination"}
 
 
-def _create_backend(dist_options, pg_options) -> _C.ProcessGroupTorus:
-    values = resolve(pg_options)
-    rank, size, store = dist_options.group_rank, dist_options.group_size, dist_options.store
-    hosts = exchange_host_ids(store, rank, size, values["host_id"] or host_identity())
+def group_config(values: dict, size: int, hosts: list[str], address: str = "127.0.0.1",
+                 tuning: list | None = None):
+    """The C++ configuration of a group of `size` ranks on `hosts` (one host identity per rank)
+    from resolved settings: (config, grid, transport, tables, tuned table or None). Raises
+    ConfigError naming the setting when the settings do not fit the group. `tuning`: the
+    entries of the tuning file, read already (tuning.read)."""
     grid = choose_grid(size, hosts, values["torus_dims"])
     transport = choose_transport(values["transport"], hosts)
-    tuned = tuned_allreduce(values["tuning_file"], hosts, grid)
+    tuned = tuned_allreduce(values["tuning_file"], hosts, grid, entries=tuning)
     tables = resolve_tables(values, size, grid, transport, tuned_allreduce=tuned)
     config = _C.TorusConfig()
     config.transport = transport
-    # The address that routes to the group's TCPStore (init_method tcp://, env://, torchrun),
-    # else to MASTER_ADDR, else the host name's.
-    config.address = local_address(values["socket_ifname"], rendezvous_environ(store))
-    if transport != "shm" and not values["host_id"]:
-        check_addresses(store, rank, size, hosts, config.address, values["socket_ifname"])
+    config.address = address
     config.chunk_bytes = values["chunk_bytes"]
     config.algorithms = {c: [_C.AlgorithmRule(r.algorithm, r.lo, r.hi) for r in rules] for c, rules in tables.items()}
     config.torus_rows = [list(row) for row in grid.rows] if grid else []
     config.torus_inner = values["torus_inner"]
     config.hosts = [sorted(set(hosts)).index(h) for h in hosts]
     config.log_level = _LOG_LEVELS[values["log_level"]]
+    return config, grid, transport, tables, tuned
+
+
+def _create_backend(dist_options, pg_options) -> _C.ProcessGroupTorus:
+    rank, size, store = dist_options.group_rank, dist_options.group_size, dist_options.store
+    # Everything that can fail on this rank alone fails before the ranks meet in the store, and
+    # says so there: the others then fail at once naming this rank, rather than wait for it
+    # until their timeout.
+    try:
+        values = resolve(pg_options)
+        identity = values["host_id"] or host_identity()
+        # The address that routes to the group's TCPStore (init_method tcp://, env://,
+        # torchrun), else to MASTER_ADDR, else the host name's.
+        address = local_address(values["socket_ifname"], rendezvous_environ(store))
+        tuning = read_tuning(values["tuning_file"]) if values["tuning_file"] else None
+    except Exception as error:
+        publish_failure(store, rank, str(error) if isinstance(error, ConfigError) else f"{type(error).__name__}: {error}")
+        raise
+    hosts = exchange_host_ids(store, rank, size, identity)
+    config, grid, transport, tables, tuned = group_config(values, size, hosts, address, tuning)
+    if transport != "shm" and not values["host_id"]:
+        check_addresses(store, rank, size, hosts, address, values["socket_ifname"])
     name = dist_options.group_id or ""
     if config.log_level >= 1 and rank == 0:
         layout = f"torus grid {grid}" if grid else f"no torus grid for {size} ranks: torus runs as ring"

@@ -5,6 +5,11 @@ Settings are read when a process group is created. A value passed in code
 value fails group creation with an error naming the variable, the value and what is allowed.
 The README's settings table is generated from this module (``markdown_table()``)
 and a test checks that the two agree.
+
+Values are ASCII where they are numbers or names (digits from other scripts are refused, not
+read), may carry surrounding whitespace, and are empty only where the default is empty (there,
+empty means automatic). Each setting's ``render`` writes a parsed value back as text that parses
+to the same value (tests/test_config_fuzz.py checks it for thousands of values).
 """
 
 from __future__ import annotations
@@ -31,6 +36,12 @@ SHARED_MEMORY_ALGORITHMS = ("one_shot", "two_shot")
 TRANSPORTS = ("auto", "tcp", "shm")
 LOG_LEVELS = ("warn", "info", "debug")
 MAX_BYTES = (1 << 64) - 1  # "max" in a rule: no upper bound
+# The largest chunk: far beyond any useful pipelining, and small enough that the algorithms'
+# segment arithmetic (ranks x chunks in flight x chunk bytes) cannot overflow 64 bits.
+MAX_CHUNK_BYTES = 1 << 40
+MAX_DIM = (1 << 31) - 1  # ranks are C ints
+# A value's repr in an error is cut to this many characters.
+_SHOWN = 200
 
 _SIZE_SUFFIXES = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
 
@@ -39,16 +50,19 @@ class ConfigError(ValueError):
     """A TORUS_* setting (or its Options counterpart) has a value we cannot use."""
 
 
-def parse_bytes(text: str) -> int:
-    """'524288', '512K', '1M' -> bytes."""
-    match = re.fullmatch(r"\s*(\d+)\s*([KMG]?)(?:i?B)?\s*", str(text), re.IGNORECASE)
+def parse_bytes(text: str, limit: int = MAX_BYTES) -> int:
+    """'524288', '512K', '1M' -> bytes (at most `limit`)."""
+    match = re.fullmatch(r"\s*(\d+)\s*([KMG]?)(?:i?B)?\s*", str(text), re.IGNORECASE | re.ASCII)
     if not match:
         raise ValueError("expected a byte count such as 524288, 512K or 1M")
-    return int(match.group(1)) * _SIZE_SUFFIXES[match.group(2).upper()]
+    value = int(match.group(1)) * _SIZE_SUFFIXES[match.group(2).upper()]
+    if value > limit:
+        raise ValueError(f"{value} bytes is more than the largest allowed, {limit}")
+    return value
 
 
 def _positive_bytes(text: str) -> int:
-    value = parse_bytes(text)
+    value = parse_bytes(text, MAX_CHUNK_BYTES)
     if value <= 0:
         raise ValueError("must be greater than zero")
     return value
@@ -72,6 +86,23 @@ def _interface_name(text: str) -> str:
     return name
 
 
+def _printable(what: str) -> Callable[[str], str]:
+    """Free text (stripped; empty: automatic) that we print and hand to the store or the file
+    system: printable characters that UTF-8 can encode (an environment variable holding bytes
+    that are not UTF-8 reaches Python as lone surrogates)."""
+    def parse(text: str) -> str:
+        value = str(text).strip()
+        try:
+            value.encode("utf-8")
+        except UnicodeEncodeError:
+            raise ValueError(f"{what} must be text that UTF-8 can encode") from None
+        if not value.isprintable():
+            raise ValueError(f"{what} must not contain control characters")
+        return value
+
+    return parse
+
+
 @dataclass(frozen=True)
 class Rule:
     """Use `algorithm` for messages of lo..hi bytes (inclusive), as in oneCCL's CCL_ALLREDUCE."""
@@ -88,7 +119,7 @@ def _size_bound(text: str, allow_max: bool) -> int:
     text = text.strip()
     if allow_max and text.lower() == "max":
         return MAX_BYTES
-    return parse_bytes(text)
+    return parse_bytes(text, MAX_BYTES)
 
 
 def parse_rules(text: str, collective: str) -> tuple[Rule, ...]:
@@ -110,7 +141,7 @@ def parse_rules(text: str, collective: str) -> tuple[Rule, ...]:
         return (Rule(name, 0, MAX_BYTES),)
     rules = []
     for block in filter(None, (b.strip() for b in text.split(";"))):
-        match = re.fullmatch(r"([A-Za-z_]+)\s*:\s*([^-\s]+)\s*-\s*(\S+)", block)
+        match = re.fullmatch(r"([A-Za-z_]+)\s*:\s*([^-\s]+)\s*-\s*(\S+)", block, re.ASCII)
         if not match:
             raise ValueError(f"rule {block!r} is not of the form <algorithm>:<lo>-<hi> "
                              "(bytes; hi may be 'max')")
@@ -120,8 +151,8 @@ def parse_rules(text: str, collective: str) -> tuple[Rule, ...]:
         try:
             lo, hi = _size_bound(match.group(2), False), _size_bound(match.group(3), True)
         except ValueError:
-            raise ValueError(f"rule {block!r}: sizes must be byte counts (suffixes K, M, G) "
-                             "or 'max' for the upper bound") from None
+            raise ValueError(f"rule {block!r}: sizes must be byte counts (suffixes K, M, G) up to "
+                             f"{MAX_BYTES}, or 'max' for the upper bound") from None
         if lo > hi:
             raise ValueError(f"rule {block!r}: the range is reversed ({lo} > {hi})")
         rules.append(Rule(name, lo, hi))
@@ -138,15 +169,23 @@ def _rules_for(collective: str) -> Callable[[str], tuple[Rule, ...]]:
     return lambda text: parse_rules(text, collective)
 
 
+def render_rules(rules: tuple[Rule, ...]) -> str:
+    return ";".join(str(r) for r in rules) or "auto"
+
+
 def parse_dims(text: str) -> tuple[int, int] | None:
     """'' -> None (automatic); 'RxC' -> (R, C)."""
     text = str(text).strip().lower()
     if not text:
         return None
-    match = re.fullmatch(r"(\d+)\s*x\s*(\d+)", text)
-    if not match or int(match.group(1)) < 1 or int(match.group(2)) < 1:
-        raise ValueError("expected <rows>x<columns> with both at least 1, e.g. 8x4")
+    match = re.fullmatch(r"(\d+)\s*x\s*(\d+)", text, re.ASCII)
+    if not match or not all(1 <= int(match.group(i)) <= MAX_DIM for i in (1, 2)):
+        raise ValueError(f"expected <rows>x<columns> with both at least 1 (and at most {MAX_DIM}), e.g. 8x4")
     return int(match.group(1)), int(match.group(2))
+
+
+def render_dims(dims: tuple[int, int] | None) -> str:
+    return f"{dims[0]}x{dims[1]}" if dims else ""
 
 
 @dataclass(frozen=True)
@@ -155,6 +194,8 @@ class Setting:
     default: str
     parse: Callable[[str], Any]
     doc: str
+    # A parsed value back to text that parses to it again.
+    render: Callable[[Any], str] = str
 
     @property
     def option(self) -> str:
@@ -170,6 +211,7 @@ SETTINGS: tuple[Setting, ...] = (
             _rules_for(collective),
             f"{collective} algorithm: auto, " + ", ".join(names) + ", or size rules "
             f"`<algorithm>:<lo>-<hi>;...` in bytes (`max`: no bound); uncovered sizes use auto.",
+            render_rules,
         )
         for collective, names in ALGORITHMS.items()
     ),
@@ -180,6 +222,7 @@ SETTINGS: tuple[Setting, ...] = (
         "Torus grid `<rows>x<columns>` (rows x columns = world size); empty: one row per host "
         "when every host has the same number (>1) of ranks and there are several hosts, else the "
         "most square factorization.",
+        render_dims,
     ),
     Setting(
         "TORUS_TORUS_INNER",
@@ -199,7 +242,7 @@ SETTINGS: tuple[Setting, ...] = (
     Setting(
         "TORUS_HOST_ID",
         "",
-        str,
+        _printable("a host identity"),
         "Identity of this rank's host; ranks with the same identity share a host. Empty: host "
         "name, boot id and network namespace together.",
     ),
@@ -207,8 +250,8 @@ SETTINGS: tuple[Setting, ...] = (
         "TORUS_CHUNK_BYTES",
         "512K",
         _positive_bytes,
-        "Largest message a pipelined algorithm sends at once (suffixes K, M, G); the transfer of "
-        "one chunk overlaps the reduction of the previous one.",
+        "Largest message a pipelined algorithm sends at once (suffixes K, M, G; at most 1024G); the "
+        "transfer of one chunk overlaps the reduction of the previous one.",
     ),
     Setting(
         "TORUS_SOCKET_IFNAME",
@@ -220,7 +263,7 @@ SETTINGS: tuple[Setting, ...] = (
     Setting(
         "TORUS_TUNING_FILE",
         "",
-        str.strip,
+        _printable("a file name"),
         "Tuning file written by `python -m torch_torus.tune`; auto takes its allreduce table when "
         "an entry matches the group (world size, torus grid, ranks per host), else the cost model. "
         "Empty: the cost model.",
@@ -266,10 +309,16 @@ def resolve(options: Options | None = None, environ: Mapping[str, str] | None = 
         else:
             raw, source = environ.get(setting.name, setting.default), setting.name
         try:
-            values[setting.option] = setting.parse(raw)
+            values[setting.option] = setting.parse(raw if isinstance(raw, str) else str(raw))
         except ValueError as error:
-            raise ConfigError(f"{source}={raw!r} is not valid: {error}") from None
+            raise ConfigError(f"{source}={shown(raw)} is not valid: {error}") from None
     return values
+
+
+def shown(value: Any) -> str:
+    """repr(value) for an error message, cut short when long."""
+    text = repr(value)
+    return text if len(text) <= _SHOWN else text[:_SHOWN - 5] + "...'"
 
 
 def _interface_address(name: str) -> str:

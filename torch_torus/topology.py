@@ -34,11 +34,28 @@ def host_identity() -> str:
     return "|".join(parts)
 
 
+# A rank that cannot create the group publishes this, then its error, in place of its identity
+# (identities are printable text, so never start with it).
+_FAILED = "\x00failed\x00"
+
+
+def publish_failure(store, rank: int, error: str) -> None:
+    """Tell the group's other ranks, waiting in exchange_host_ids, that this one cannot join."""
+    try:
+        store.set(f"torus/host/{rank}", _FAILED + error)
+    except Exception:  # the store is gone too: the others will time out, naming the key
+        pass
+
+
 def exchange_host_ids(store, rank: int, size: int, identity: str) -> list[str]:
-    """Every rank's host identity, in rank order, through the group's store."""
+    """Every rank's host identity, in rank order, through the group's store. A ConfigError
+    naming the rank(s) and their errors when some could not create the group."""
     store.set(f"torus/host/{rank}", identity)
-    values = store.multi_get([f"torus/host/{r}" for r in range(size)])
-    return [bytes(v).decode() for v in values]
+    values = [bytes(v).decode("utf-8", "replace") for v in store.multi_get([f"torus/host/{r}" for r in range(size)])]
+    failed = {r: v[len(_FAILED):] for r, v in enumerate(values) if v.startswith(_FAILED)}
+    if failed:
+        raise ConfigError("; ".join(f"rank {r} cannot create the group: {why}" for r, why in failed.items()))
+    return values
 
 
 def rendezvous_environ(store, environ: Mapping[str, str] | None = None) -> Mapping[str, str]:

@@ -19,6 +19,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import stat
 from dataclasses import dataclass
 
 from .config import MAX_BYTES, ConfigError, Rule, parse_rules
@@ -116,13 +117,20 @@ def _layout_of(record: dict, where: str, path: str) -> Layout:
 
 def read(path: str) -> list[Entry]:
     """Every entry of a tuning file; a ConfigError naming the file and what is wrong otherwise."""
+    if "\x00" in path:
+        raise _problem(path, "is not a file name (it holds a NUL character)")
     try:
-        with open(path) as file:
+        # Not a FIFO, a device or a directory: opening or reading those can block or never end.
+        if not stat.S_ISREG(os.stat(path).st_mode):
+            raise _problem(path, "is not a regular file")
+        with open(path, encoding="utf-8") as file:
             document = json.load(file)
     except OSError as error:
         raise _problem(path, f"cannot be read ({error.strerror or error})") from None
     except json.JSONDecodeError as error:
         raise _problem(path, f"is not JSON ({error})") from None
+    except (UnicodeDecodeError, RecursionError) as error:
+        raise _problem(path, f"is not JSON ({type(error).__name__}: {error})") from None
     if not isinstance(document, dict) or document.get("format") != FORMAT:
         raise _problem(path, f"is not a tuning file (no \"format\": \"{FORMAT}\"); "
                              "python -m torch_torus.tune writes them")
@@ -161,12 +169,14 @@ def write(path: str, entry: dict) -> None:
         file.write("\n")
 
 
-def tuned_allreduce(path: str, hosts: list[str], grid: Grid | None) -> tuple[Rule, ...] | None:
-    """The tuned table for a group of this layout, or None without a file or a matching entry."""
+def tuned_allreduce(path: str, hosts: list[str], grid: Grid | None,
+                    entries: list[Entry] | None = None) -> tuple[Rule, ...] | None:
+    """The tuned table for a group of this layout, or None without a file or a matching entry.
+    `entries`: the file's, read already."""
     if not path:
         return None
     layout = Layout.of(hosts, grid)
-    for entry in read(path):
+    for entry in read(path) if entries is None else entries:
         if entry.layout == layout:
             return entry.allreduce
     return None

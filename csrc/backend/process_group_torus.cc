@@ -4,6 +4,7 @@
 #include <sstream>
 #include <utility>
 
+#include <ATen/MemoryOverlap.h>
 #include <torch/csrc/distributed/c10d/exception.h>
 
 #include "backend/log.h"
@@ -68,8 +69,8 @@ DataType toDataType(at::ScalarType type, const std::string& what) {
   }
 }
 
-// Checks what every collective needs of a tensor; `what` names it in the error, e.g.
-// "allgather output tensor 3".
+// Checks what every collective needs of a tensor; `what` names it in the error as torch.distributed
+// names the argument, e.g. "all_gather tensor_list[3]".
 void checkTensor(const at::Tensor& tensor, const std::string& what) {
   TORCH_CHECK(tensor.defined(), "torus: ", what, " is undefined");
   TORCH_CHECK(!tensor.is_cuda(), "torus: ", what,
@@ -82,18 +83,33 @@ void checkTensor(const at::Tensor& tensor, const std::string& what) {
   toDataType(tensor.scalar_type(), what);
 }
 
-void checkSameKind(const at::Tensor& tensor, const at::Tensor& reference, const std::string& what,
-                   const std::string& referenceName) {
+// A tensor the collective writes into: checkTensor, and no two of its elements may share memory
+// (an expand()ed tensor): writing the result there fails or is undefined, and it would fail only
+// after the bytes had moved.
+void checkOutput(const at::Tensor& tensor, const std::string& what) {
   checkTensor(tensor, what);
+  TORCH_CHECK_VALUE(at::has_internal_overlap(tensor) != at::MemOverlap::Yes, "torus: ", what,
+                    " is an output, but several of its elements share memory (strides ", tensor.strides(),
+                    ", e.g. from expand()); pass a tensor whose elements are distinct, such as a clone()");
+}
+
+void checkSameKind(const at::Tensor& tensor, const at::Tensor& reference, const std::string& what,
+                   const std::string& referenceName, bool output) {
+  if (output) {
+    checkOutput(tensor, what);
+  } else {
+    checkTensor(tensor, what);
+  }
   TORCH_CHECK_VALUE(tensor.scalar_type() == reference.scalar_type(), "torus: ", what, " has dtype ",
                     tensor.scalar_type(), " but ", referenceName, " has dtype ", reference.scalar_type());
   TORCH_CHECK_VALUE(tensor.numel() == reference.numel(), "torus: ", what, " has ", tensor.numel(),
                     " elements but ", referenceName, " has ", reference.numel());
 }
 
-void checkRoot(int64_t root, int size, const char* collective) {
-  TORCH_CHECK_VALUE(root >= 0 && root < size, "torus: ", collective, " root rank ", root,
-                    " is out of range for a group of size ", size);
+// `argument` is torch.distributed's name for the root: "src" (broadcast, scatter) or "dst".
+void checkRoot(int64_t root, int size, const char* collective, const char* argument) {
+  TORCH_CHECK_VALUE(root >= 0 && root < size, "torus: ", collective, " ", argument, "=", root,
+                    " (the root rank) is out of range: the group has ", size, " ranks, 0 to ", size - 1);
 }
 
 void checkSingle(size_t count, const char* what) {
@@ -102,7 +118,18 @@ void checkSingle(size_t count, const char* what) {
 
 void checkListLength(size_t length, int size, const std::string& what) {
   TORCH_CHECK_VALUE(length == static_cast<size_t>(size), "torus: ", what, " has ", length,
-                    " tensors but the group has ", size, " ranks");
+                    " tensors but the group has ", size, " ranks; it needs one per rank");
+}
+
+// A per-call timeout (BarrierOptions.timeout and the like): unset, or positive. Zero or a negative
+// one would expire before the first byte arrives and leave the group failed.
+void checkTimeout(std::chrono::milliseconds timeout, const char* collective) {
+  TORCH_CHECK_VALUE(timeout == c10d::kUnsetTimeout || timeout.count() > 0, "torus: ", collective,
+                    " timeout must be positive (or unset, for the group's timeout), got ", timeout.count(), " ms");
+}
+
+std::string indexed(const std::string& name, size_t i) {
+  return name + "[" + std::to_string(i) + "]";
 }
 
 size_t bytesOf(const at::Tensor& tensor) {
@@ -684,10 +711,11 @@ void ProcessGroupTorus::applyAverage(const Reduction& reduction, at::Tensor& ten
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupTorus::allreduce(std::vector<at::Tensor>& tensors,
                                                             const c10d::AllreduceOptions& opts) {
-  checkSingle(tensors.size(), "allreduce");
+  checkSingle(tensors.size(), "all_reduce");
+  checkTimeout(opts.timeout, "all_reduce");
   at::Tensor tensor = tensors[0];
-  checkTensor(tensor, "allreduce tensor");
-  auto reduction = reductionFor(opts.reduceOp, tensor.scalar_type(), "allreduce");
+  checkOutput(tensor, "all_reduce tensor");
+  auto reduction = reductionFor(opts.reduceOp, tensor.scalar_type(), "all_reduce");
   const Algorithm algorithm = algorithmFor("allreduce", bytesOf(tensor));
   return enqueue(c10d::OpType::ALLREDUCE, titleOf("torus:all_reduce", algorithm), {tensor}, {tensor}, opts.timeout,
                  callOf(c10d::OpType::ALLREDUCE, tensor.scalar_type(), bytesOf(tensor), opts.reduceOp.op_, -1, algorithm),
@@ -703,13 +731,14 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupTorus::allreduce(std::vector<at::Tens
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupTorus::allreduce_coalesced(std::vector<at::Tensor>& tensors,
                                                                       const c10d::AllreduceCoalescedOptions& opts) {
-  TORCH_CHECK_VALUE(!tensors.empty(), "torus: allreduce_coalesced needs at least one tensor");
+  TORCH_CHECK_VALUE(!tensors.empty(), "torus: all_reduce_coalesced tensors is empty; it needs at least one tensor");
+  checkTimeout(opts.timeout, "all_reduce_coalesced");
   for (size_t i = 0; i < tensors.size(); ++i) {
-    checkTensor(tensors[i], "allreduce_coalesced tensor " + std::to_string(i));
-    TORCH_CHECK_VALUE(tensors[i].scalar_type() == tensors[0].scalar_type(), "torus: allreduce_coalesced tensor ", i,
-                      " has dtype ", tensors[i].scalar_type(), " but tensor 0 has ", tensors[0].scalar_type());
+    checkOutput(tensors[i], indexed("all_reduce_coalesced tensors", i));
+    TORCH_CHECK_VALUE(tensors[i].scalar_type() == tensors[0].scalar_type(), "torus: all_reduce_coalesced tensors[", i,
+                      "] has dtype ", tensors[i].scalar_type(), " but tensors[0] has ", tensors[0].scalar_type());
   }
-  auto reduction = reductionFor(opts.reduceOp, tensors[0].scalar_type(), "allreduce_coalesced");
+  auto reduction = reductionFor(opts.reduceOp, tensors[0].scalar_type(), "all_reduce_coalesced");
   const size_t totalBytes = totalBytesOf(tensors);
   const Algorithm algorithm = algorithmFor("allreduce", totalBytes);
   return enqueue(c10d::OpType::ALLREDUCE_COALESCED, titleOf("torus:all_reduce_coalesced", algorithm), tensors, tensors,
@@ -737,9 +766,10 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupTorus::allreduce_coalesced(std::vecto
 c10::intrusive_ptr<c10d::Work> ProcessGroupTorus::broadcast(std::vector<at::Tensor>& tensors,
                                                             const c10d::BroadcastOptions& opts) {
   checkSingle(tensors.size(), "broadcast");
-  checkRoot(opts.rootRank, size_, "broadcast");
+  checkRoot(opts.rootRank, size_, "broadcast", "src");
+  checkTimeout(opts.timeout, "broadcast");
   at::Tensor tensor = tensors[0];
-  checkTensor(tensor, "broadcast tensor");
+  checkOutput(tensor, "broadcast tensor");
   int root = static_cast<int>(opts.rootRank);
   const Algorithm algorithm = algorithmFor("broadcast", bytesOf(tensor));
   return enqueue(c10d::OpType::BROADCAST, titleOf("torus:broadcast", algorithm), {tensor}, {tensor}, opts.timeout,
@@ -758,9 +788,10 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupTorus::broadcast(std::vector<at::Tens
 c10::intrusive_ptr<c10d::Work> ProcessGroupTorus::reduce(std::vector<at::Tensor>& tensors,
                                                          const c10d::ReduceOptions& opts) {
   checkSingle(tensors.size(), "reduce");
-  checkRoot(opts.rootRank, size_, "reduce");
+  checkRoot(opts.rootRank, size_, "reduce", "dst");
+  checkTimeout(opts.timeout, "reduce");
   at::Tensor tensor = tensors[0];
-  checkTensor(tensor, "reduce tensor");
+  checkOutput(tensor, "reduce tensor");
   auto reduction = reductionFor(opts.reduceOp, tensor.scalar_type(), "reduce");
   int root = static_cast<int>(opts.rootRank);
   return enqueue(c10d::OpType::REDUCE, "torus:reduce", {tensor}, {tensor}, opts.timeout,
@@ -782,14 +813,15 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupTorus::reduce(std::vector<at::Tensor>
 c10::intrusive_ptr<c10d::Work> ProcessGroupTorus::allgather(std::vector<std::vector<at::Tensor>>& outputs,
                                                             std::vector<at::Tensor>& inputs,
                                                             const c10d::AllgatherOptions& opts) {
-  checkSingle(inputs.size(), "allgather input");
-  checkSingle(outputs.size(), "allgather output list");
+  checkSingle(inputs.size(), "all_gather input");
+  checkSingle(outputs.size(), "all_gather output list");
+  checkTimeout(opts.timeout, "all_gather");
   at::Tensor input = inputs[0];
-  checkTensor(input, "allgather input tensor");
+  checkTensor(input, "all_gather tensor (the input)");
   std::vector<at::Tensor> outputList = outputs[0];
-  checkListLength(outputList.size(), size_, "allgather output list");
+  checkListLength(outputList.size(), size_, "all_gather tensor_list (the output list)");
   for (size_t i = 0; i < outputList.size(); ++i) {
-    checkSameKind(outputList[i], input, "allgather output tensor " + std::to_string(i), "the input tensor");
+    checkSameKind(outputList[i], input, indexed("all_gather tensor_list", i), "the input tensor", true);
   }
   const Algorithm algorithm = algorithmFor("allgather", bytesOf(input) * size_);
   return enqueue(c10d::OpType::ALLGATHER, titleOf("torus:all_gather", algorithm), outputList, {input}, opts.timeout,
@@ -812,13 +844,15 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupTorus::allgather(std::vector<std::vec
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupTorus::_allgather_base(at::Tensor& output, at::Tensor& input,
                                                                   const c10d::AllgatherOptions& opts) {
-  checkTensor(input, "all_gather_into_tensor input");
-  checkTensor(output, "all_gather_into_tensor output");
-  TORCH_CHECK_VALUE(output.scalar_type() == input.scalar_type(), "torus: all_gather_into_tensor output has dtype ",
-                    output.scalar_type(), " but input has ", input.scalar_type());
-  TORCH_CHECK_VALUE(output.numel() == input.numel() * size_, "torus: all_gather_into_tensor output has ",
-                    output.numel(), " elements; it needs world size (", size_, ") x input elements (", input.numel(),
-                    ")");
+  checkTimeout(opts.timeout, "all_gather_into_tensor");
+  checkTensor(input, "all_gather_into_tensor input_tensor");
+  checkOutput(output, "all_gather_into_tensor output_tensor");
+  TORCH_CHECK_VALUE(output.scalar_type() == input.scalar_type(),
+                    "torus: all_gather_into_tensor output_tensor has dtype ", output.scalar_type(),
+                    " but input_tensor has ", input.scalar_type());
+  TORCH_CHECK_VALUE(output.numel() == input.numel() * size_, "torus: all_gather_into_tensor output_tensor has ",
+                    output.numel(), " elements; it needs world size (", size_, ") x input_tensor's elements (",
+                    input.numel(), ")");
   const Algorithm algorithm = algorithmFor("allgather", bytesOf(output));
   return enqueue(c10d::OpType::_ALLGATHER_BASE, titleOf("torus:all_gather_into_tensor", algorithm), {output}, {input},
                  opts.timeout,
@@ -852,18 +886,21 @@ at::Tensor ProcessGroupTorus::allgatherBytes(Comm& comm, const at::Tensor& mine)
 c10::intrusive_ptr<c10d::Work> ProcessGroupTorus::allgather_coalesced(std::vector<std::vector<at::Tensor>>& outputLists,
                                                                       std::vector<at::Tensor>& inputs,
                                                                       const c10d::AllgatherOptions& opts) {
-  checkListLength(outputLists.size(), size_, "allgather_coalesced output lists");
+  checkTimeout(opts.timeout, "all_gather_coalesced");
+  TORCH_CHECK_VALUE(outputLists.size() == static_cast<size_t>(size_), "torus: all_gather_coalesced ",
+                    "output_tensor_lists has ", outputLists.size(), " lists but the group has ", size_,
+                    " ranks; it needs one per rank");
   for (size_t j = 0; j < inputs.size(); ++j) {
-    checkTensor(inputs[j], "allgather_coalesced input tensor " + std::to_string(j));
+    checkTensor(inputs[j], indexed("all_gather_coalesced input_tensor_list", j));
   }
   std::vector<at::Tensor> flatOutputs;
   for (size_t i = 0; i < outputLists.size(); ++i) {
-    TORCH_CHECK_VALUE(outputLists[i].size() == inputs.size(), "torus: allgather_coalesced output list ", i, " has ",
-                      outputLists[i].size(), " tensors but there are ", inputs.size(), " inputs");
+    TORCH_CHECK_VALUE(outputLists[i].size() == inputs.size(), "torus: all_gather_coalesced output_tensor_lists[", i,
+                      "] has ", outputLists[i].size(), " tensors but input_tensor_list has ", inputs.size());
     for (size_t j = 0; j < inputs.size(); ++j) {
       checkSameKind(outputLists[i][j], inputs[j],
-                    "allgather_coalesced output " + std::to_string(i) + "/" + std::to_string(j),
-                    "input tensor " + std::to_string(j));
+                    "all_gather_coalesced output_tensor_lists[" + std::to_string(i) + "][" + std::to_string(j) + "]",
+                    indexed("input_tensor_list", j), true);
       flatOutputs.push_back(outputLists[i][j]);
     }
   }
@@ -885,15 +922,17 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupTorus::allgather_coalesced(std::vecto
 c10::intrusive_ptr<c10d::Work> ProcessGroupTorus::allgather_into_tensor_coalesced(std::vector<at::Tensor>& outputs,
                                                                                   std::vector<at::Tensor>& inputs,
                                                                                   const c10d::AllgatherOptions& opts) {
-  TORCH_CHECK_VALUE(outputs.size() == inputs.size(), "torus: allgather_into_tensor_coalesced has ", outputs.size(),
+  TORCH_CHECK_VALUE(outputs.size() == inputs.size(), "torus: all_gather_into_tensor (coalesced) has ", outputs.size(),
                     " outputs but ", inputs.size(), " inputs");
+  checkTimeout(opts.timeout, "all_gather_into_tensor");
   for (size_t j = 0; j < inputs.size(); ++j) {
-    checkTensor(inputs[j], "allgather_into_tensor_coalesced input " + std::to_string(j));
-    checkTensor(outputs[j], "allgather_into_tensor_coalesced output " + std::to_string(j));
+    checkTensor(inputs[j], "all_gather_into_tensor (coalesced) input " + std::to_string(j));
+    checkOutput(outputs[j], "all_gather_into_tensor (coalesced) output " + std::to_string(j));
     TORCH_CHECK_VALUE(outputs[j].scalar_type() == inputs[j].scalar_type() &&
                           outputs[j].numel() == inputs[j].numel() * size_,
-                      "torus: allgather_into_tensor_coalesced output ", j, " must have the input's dtype and world size (",
-                      size_, ") times its elements");
+                      "torus: all_gather_into_tensor (coalesced) output ", j, " has dtype ", outputs[j].scalar_type(),
+                      " and ", outputs[j].numel(), " elements; it needs input ", j, "'s dtype (",
+                      inputs[j].scalar_type(), ") and world size (", size_, ") x its elements (", inputs[j].numel(), ")");
   }
   return enqueue(c10d::OpType::COALESCED, "torus:all_gather_into_tensor_coalesced", outputs, inputs, opts.timeout,
                  callOf(c10d::OpType::COALESCED, at::kByte, totalBytesOf(inputs)), [this, inputs, outputs](Comm& comm) mutable {
@@ -915,22 +954,23 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupTorus::allgather_into_tensor_coalesce
 c10::intrusive_ptr<c10d::Work> ProcessGroupTorus::gather(std::vector<std::vector<at::Tensor>>& outputs,
                                                          std::vector<at::Tensor>& inputs,
                                                          const c10d::GatherOptions& opts) {
-  checkRoot(opts.rootRank, size_, "gather");
+  checkRoot(opts.rootRank, size_, "gather", "dst");
+  checkTimeout(opts.timeout, "gather");
   checkSingle(inputs.size(), "gather input");
   at::Tensor input = inputs[0];
-  checkTensor(input, "gather input tensor");
+  checkTensor(input, "gather tensor (the input)");
   const int root = static_cast<int>(opts.rootRank);
   std::vector<at::Tensor> outputList;
   if (rank_ == root) {
     checkSingle(outputs.size(), "gather output list");
     outputList = outputs[0];
-    checkListLength(outputList.size(), size_, "gather output list");
+    checkListLength(outputList.size(), size_, "gather gather_list");
     for (size_t i = 0; i < outputList.size(); ++i) {
-      checkSameKind(outputList[i], input, "gather output tensor " + std::to_string(i), "the input tensor");
+      checkSameKind(outputList[i], input, indexed("gather gather_list", i), "the input tensor", true);
     }
   } else {
-    TORCH_CHECK_VALUE(outputs.empty() || (outputs.size() == 1 && outputs[0].empty()), "torus: gather outputs must be ",
-                      "empty on non-root ranks (rank ", rank_, " is not the root ", root, ")");
+    TORCH_CHECK_VALUE(outputs.empty() || (outputs.size() == 1 && outputs[0].empty()), "torus: gather gather_list must ",
+                      "be empty on ranks other than dst (rank ", rank_, " is not dst=", root, ")");
   }
   return enqueue(c10d::OpType::GATHER, "torus:gather", outputList, {input}, opts.timeout,
                  callOf(c10d::OpType::GATHER, input.scalar_type(), bytesOf(input), std::nullopt, root), [this, input, outputList, root](Comm& comm) mutable {
@@ -952,22 +992,23 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupTorus::gather(std::vector<std::vector
 c10::intrusive_ptr<c10d::Work> ProcessGroupTorus::scatter(std::vector<at::Tensor>& outputs,
                                                           std::vector<std::vector<at::Tensor>>& inputs,
                                                           const c10d::ScatterOptions& opts) {
-  checkRoot(opts.rootRank, size_, "scatter");
+  checkRoot(opts.rootRank, size_, "scatter", "src");
+  checkTimeout(opts.timeout, "scatter");
   checkSingle(outputs.size(), "scatter output");
   at::Tensor output = outputs[0];
-  checkTensor(output, "scatter output tensor");
+  checkOutput(output, "scatter tensor (the output)");
   const int root = static_cast<int>(opts.rootRank);
   std::vector<at::Tensor> inputList;
   if (rank_ == root) {
     checkSingle(inputs.size(), "scatter input list");
     inputList = inputs[0];
-    checkListLength(inputList.size(), size_, "scatter input list");
+    checkListLength(inputList.size(), size_, "scatter scatter_list");
     for (size_t i = 0; i < inputList.size(); ++i) {
-      checkSameKind(inputList[i], output, "scatter input tensor " + std::to_string(i), "the output tensor");
+      checkSameKind(inputList[i], output, indexed("scatter scatter_list", i), "the output tensor", false);
     }
   } else {
-    TORCH_CHECK_VALUE(inputs.empty() || (inputs.size() == 1 && inputs[0].empty()), "torus: scatter inputs must be ",
-                      "empty on non-root ranks (rank ", rank_, " is not the root ", root, ")");
+    TORCH_CHECK_VALUE(inputs.empty() || (inputs.size() == 1 && inputs[0].empty()), "torus: scatter scatter_list must ",
+                      "be empty on ranks other than src (rank ", rank_, " is not src=", root, ")");
   }
   return enqueue(c10d::OpType::SCATTER, "torus:scatter", {output}, inputList, opts.timeout,
                  callOf(c10d::OpType::SCATTER, output.scalar_type(), bytesOf(output), std::nullopt, root), [this, output, inputList, root](Comm& comm) mutable {
@@ -984,17 +1025,18 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupTorus::reduce_scatter(std::vector<at:
                                                                  const c10d::ReduceScatterOptions& opts) {
   checkSingle(outputs.size(), "reduce_scatter output");
   checkSingle(inputs.size(), "reduce_scatter input list");
+  checkTimeout(opts.timeout, "reduce_scatter");
   at::Tensor output = outputs[0];
-  checkTensor(output, "reduce_scatter output tensor");
+  checkOutput(output, "reduce_scatter output");
   std::vector<at::Tensor> inputList = inputs[0];
-  checkListLength(inputList.size(), size_, "reduce_scatter input list");
+  checkListLength(inputList.size(), size_, "reduce_scatter input_list");
   for (size_t i = 0; i < inputList.size(); ++i) {
-    checkTensor(inputList[i], "reduce_scatter input tensor " + std::to_string(i));
-    TORCH_CHECK_VALUE(inputList[i].scalar_type() == output.scalar_type(), "torus: reduce_scatter input tensor ", i,
-                      " has dtype ", inputList[i].scalar_type(), " but the output has ", output.scalar_type());
+    checkTensor(inputList[i], indexed("reduce_scatter input_list", i));
+    TORCH_CHECK_VALUE(inputList[i].scalar_type() == output.scalar_type(), "torus: reduce_scatter input_list[", i,
+                      "] has dtype ", inputList[i].scalar_type(), " but output has ", output.scalar_type());
   }
-  TORCH_CHECK_VALUE(inputList[rank_].numel() == output.numel(), "torus: reduce_scatter input tensor ", rank_, " has ",
-                    inputList[rank_].numel(), " elements but the output has ", output.numel());
+  TORCH_CHECK_VALUE(inputList[rank_].numel() == output.numel(), "torus: reduce_scatter input_list[", rank_, "] has ",
+                    inputList[rank_].numel(), " elements but output (this rank's share) has ", output.numel());
   auto reduction = reductionFor(opts.reduceOp, output.scalar_type(), "reduce_scatter");
   const size_t inputBytes = totalBytesOf(inputList);
   const Algorithm algorithm = algorithmFor("reduce_scatter", inputBytes);
@@ -1023,11 +1065,11 @@ namespace {
 
 void checkReduceScatterTensor(const at::Tensor& output, const at::Tensor& input, int size, const std::string& what) {
   checkTensor(input, what + " input");
-  checkTensor(output, what + " output");
+  checkOutput(output, what + " output");
   TORCH_CHECK_VALUE(output.scalar_type() == input.scalar_type(), "torus: ", what, " output has dtype ",
                     output.scalar_type(), " but input has ", input.scalar_type());
   TORCH_CHECK_VALUE(input.numel() == output.numel() * size, "torus: ", what, " input has ", input.numel(),
-                    " elements; it needs world size (", size, ") x output elements (", output.numel(), ")");
+                    " elements; it needs world size (", size, ") x output's elements (", output.numel(), ")");
 }
 
 } // namespace
@@ -1043,6 +1085,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupTorus::reduce_scatter_tensor_coalesce
     std::vector<at::Tensor>& outputs, std::vector<at::Tensor>& inputs, const c10d::ReduceScatterOptions& opts) {
   TORCH_CHECK_VALUE(!inputs.empty() && outputs.size() == inputs.size(), "torus: reduce_scatter_tensor has ",
                     outputs.size(), " outputs and ", inputs.size(), " inputs; it needs as many of each, at least one");
+  checkTimeout(opts.timeout, "reduce_scatter_tensor");
   std::vector<Reduction> reductions;
   std::vector<Algorithm> algorithms;
   for (size_t j = 0; j < inputs.size(); ++j) {
@@ -1080,18 +1123,20 @@ void splitBytes(const at::Tensor& tensor, const std::vector<int64_t>& splits, in
   std::vector<int64_t> rowsPerRank;
   if (splits.empty()) {
     TORCH_CHECK_VALUE(rows % size == 0, "torus: all_to_all_single ", what, " has ", rows,
-                      " rows, which the world size (", size, ") does not divide; pass split sizes");
+                      " rows (size of dim 0), which the world size (", size, ") does not divide; pass ", what,
+                      "_split_sizes");
     rowsPerRank.assign(static_cast<size_t>(size), rows / size);
   } else {
-    TORCH_CHECK_VALUE(splits.size() == static_cast<size_t>(size), "torus: all_to_all_single ", what, " split sizes have ",
-                      splits.size(), " entries but the group has ", size, " ranks");
+    TORCH_CHECK_VALUE(splits.size() == static_cast<size_t>(size), "torus: all_to_all_single ", what,
+                      "_split_sizes has ", splits.size(), " entries but the group has ", size, " ranks");
     int64_t total = 0;
-    for (int64_t s : splits) {
-      TORCH_CHECK_VALUE(s >= 0, "torus: all_to_all_single ", what, " split sizes must not be negative, got ", s);
-      total += s;
+    for (size_t i = 0; i < splits.size(); ++i) {
+      TORCH_CHECK_VALUE(splits[i] >= 0 && splits[i] <= rows, "torus: all_to_all_single ", what, "_split_sizes[", i,
+                        "] is ", splits[i], "; split sizes must be between 0 and the ", what, "'s rows (", rows, ")");
+      total += splits[i];
     }
-    TORCH_CHECK_VALUE(total == rows, "torus: all_to_all_single ", what, " split sizes sum to ", total, " but the ",
-                      what, " tensor has ", rows, " rows");
+    TORCH_CHECK_VALUE(total == rows, "torus: all_to_all_single ", what, "_split_sizes sum to ", total, " but ", what,
+                      " has ", rows, " rows (size of dim 0)");
     rowsPerRank = splits;
   }
   size_t offset = 0;
@@ -1108,15 +1153,17 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupTorus::alltoall_base(at::Tensor& outp
                                                                 std::vector<int64_t>& outputSplits,
                                                                 std::vector<int64_t>& inputSplits,
                                                                 const c10d::AllToAllOptions& opts) {
+  checkTimeout(opts.timeout, "all_to_all_single");
   checkTensor(input, "all_to_all_single input");
-  checkTensor(output, "all_to_all_single output");
+  checkOutput(output, "all_to_all_single output");
   TORCH_CHECK_VALUE(output.scalar_type() == input.scalar_type(), "torus: all_to_all_single output has dtype ",
                     output.scalar_type(), " but input has ", input.scalar_type());
   std::vector<size_t> sendOffsets, sendBytes, recvOffsets, recvBytes;
   splitBytes(input, inputSplits, size_, "input", sendOffsets, sendBytes);
   splitBytes(output, outputSplits, size_, "output", recvOffsets, recvBytes);
   TORCH_CHECK_VALUE(sendBytes[rank_] == recvBytes[rank_], "torus: all_to_all_single keeps ", sendBytes[rank_],
-                    " bytes of its own input but expects ", recvBytes[rank_], " in its output");
+                    " bytes of its own input (input_split_sizes[", rank_, "]) but expects ", recvBytes[rank_],
+                    " in its output (output_split_sizes[", rank_, "])");
   // Totals may differ by rank (split sizes); each message's size is checked on arrival.
   return enqueue(c10d::OpType::ALLTOALL_BASE, "torus:all_to_all_single", {output}, {input}, opts.timeout,
                  callOf(c10d::OpType::ALLTOALL_BASE, input.scalar_type(), 0), [output, input, sendOffsets, sendBytes, recvOffsets, recvBytes](Comm& comm) mutable {
@@ -1134,18 +1181,19 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupTorus::alltoall_base(at::Tensor& outp
 c10::intrusive_ptr<c10d::Work> ProcessGroupTorus::alltoall(std::vector<at::Tensor>& outputs,
                                                            std::vector<at::Tensor>& inputs,
                                                            const c10d::AllToAllOptions& opts) {
-  checkListLength(inputs.size(), size_, "all_to_all input list");
-  checkListLength(outputs.size(), size_, "all_to_all output list");
+  checkTimeout(opts.timeout, "all_to_all");
+  checkListLength(inputs.size(), size_, "all_to_all input_tensor_list");
+  checkListLength(outputs.size(), size_, "all_to_all output_tensor_list");
   std::vector<size_t> sendOffsets, sendBytes, recvOffsets, recvBytes;
   size_t sendTotal = 0, recvTotal = 0;
   for (int i = 0; i < size_; ++i) {
-    checkTensor(inputs[i], "all_to_all input tensor " + std::to_string(i));
-    checkTensor(outputs[i], "all_to_all output tensor " + std::to_string(i));
+    checkTensor(inputs[i], indexed("all_to_all input_tensor_list", i));
+    checkOutput(outputs[i], indexed("all_to_all output_tensor_list", i));
     TORCH_CHECK_VALUE(outputs[i].scalar_type() == inputs[0].scalar_type() &&
                           inputs[i].scalar_type() == inputs[0].scalar_type(),
-                      "torus: all_to_all tensors must share one dtype; input 0 has ", inputs[0].scalar_type(),
-                      ", input ", i, " has ", inputs[i].scalar_type(), ", output ", i, " has ",
-                      outputs[i].scalar_type());
+                      "torus: all_to_all tensors must share one dtype; input_tensor_list[0] has ",
+                      inputs[0].scalar_type(), ", input_tensor_list[", i, "] has ", inputs[i].scalar_type(),
+                      ", output_tensor_list[", i, "] has ", outputs[i].scalar_type());
     sendOffsets.push_back(sendTotal);
     sendBytes.push_back(bytesOf(inputs[i]));
     sendTotal += bytesOf(inputs[i]);
@@ -1153,8 +1201,9 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupTorus::alltoall(std::vector<at::Tenso
     recvBytes.push_back(bytesOf(outputs[i]));
     recvTotal += bytesOf(outputs[i]);
   }
-  TORCH_CHECK_VALUE(sendBytes[rank_] == recvBytes[rank_], "torus: all_to_all input tensor ", rank_, " and output tensor ",
-                    rank_, " differ in size");
+  TORCH_CHECK_VALUE(sendBytes[rank_] == recvBytes[rank_], "torus: all_to_all input_tensor_list[", rank_, "] has ",
+                    sendBytes[rank_], " bytes but output_tensor_list[", rank_, "] has ", recvBytes[rank_],
+                    " (this rank's own block is copied, so they must match)");
   return enqueue(c10d::OpType::ALLTOALL, "torus:all_to_all", outputs, inputs, opts.timeout,
                  callOf(c10d::OpType::ALLTOALL, inputs[0].scalar_type(), 0), [outputs, inputs, sendOffsets, sendBytes, recvOffsets, recvBytes, recvTotal](Comm& comm) mutable {
                    at::Tensor packed = packBytes(inputs);
@@ -1169,16 +1218,18 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupTorus::alltoall(std::vector<at::Tenso
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupTorus::barrier(const c10d::BarrierOptions& opts) {
+  checkTimeout(opts.timeout, "barrier");
   return enqueue(c10d::OpType::BARRIER, "torus:barrier", {}, {}, opts.timeout,
                  callOf(c10d::OpType::BARRIER, at::kByte, 0), [](Comm& comm) { barrier_dissemination(comm); });
 }
 
 namespace {
 
+// `what` is e.g. "send dst".
 void checkPeer(int peer, int rank, int size, const char* what) {
-  TORCH_CHECK_VALUE(peer >= 0 && peer < size, "torus: ", what, " rank ", peer, " is out of range for a group of size ",
-                    size);
-  TORCH_CHECK_VALUE(peer != rank, "torus: ", what, " rank ", peer, " is this rank itself");
+  TORCH_CHECK_VALUE(peer >= 0 && peer < size, "torus: ", what, "=", peer, " is out of range: the group has ", size,
+                    " ranks, 0 to ", size - 1);
+  TORCH_CHECK_VALUE(peer != rank, "torus: ", what, "=", peer, " is this rank itself");
 }
 
 uint64_t p2pTag(int tag) {
@@ -1190,7 +1241,7 @@ uint64_t p2pTag(int tag) {
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupTorus::send(std::vector<at::Tensor>& tensors, int dstRank, int tag) {
   checkSingle(tensors.size(), "send");
-  checkPeer(dstRank, rank_, size_, "send destination");
+  checkPeer(dstRank, rank_, size_, "send dst");
   at::Tensor tensor = tensors[0];
   checkTensor(tensor, "send tensor");
   at::Tensor buffer = contiguousBuffer(tensor);
@@ -1205,9 +1256,9 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupTorus::send(std::vector<at::Tensor>& 
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupTorus::recv(std::vector<at::Tensor>& tensors, int srcRank, int tag) {
   checkSingle(tensors.size(), "recv");
-  checkPeer(srcRank, rank_, size_, "recv source");
+  checkPeer(srcRank, rank_, size_, "recv src");
   at::Tensor tensor = tensors[0];
-  checkTensor(tensor, "recv tensor");
+  checkOutput(tensor, "recv tensor");
   at::Tensor buffer = tensor.is_contiguous() ? tensor : at::empty_like(tensor, at::MemoryFormat::Contiguous);
   auto request = transport_->irecv(srcRank, p2pTag(tag), CallSignature{}, buffer.data_ptr(), bytesOf(buffer));
   std::ostringstream context;
@@ -1220,7 +1271,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupTorus::recv(std::vector<at::Tensor>& 
 c10::intrusive_ptr<c10d::Work> ProcessGroupTorus::recvAnysource(std::vector<at::Tensor>& tensors, int tag) {
   checkSingle(tensors.size(), "recv");
   at::Tensor tensor = tensors[0];
-  checkTensor(tensor, "recv tensor");
+  checkOutput(tensor, "recv tensor");
   at::Tensor buffer = tensor.is_contiguous() ? tensor : at::empty_like(tensor, at::MemoryFormat::Contiguous);
   auto request = transport_->irecv(kAnyPeer, p2pTag(tag), CallSignature{}, buffer.data_ptr(), bytesOf(buffer));
   std::ostringstream context;
