@@ -16,12 +16,34 @@ for n ranks and S bytes (p: the largest power of two <= n; the torus: r rows of 
 
 The machine figures, one set per transport, were measured on the development machine
 (BENCHMARKS.md).
+
+Across hosts, the ranks of a host share its network link. For a group whose ranks live on
+several hosts the time is the larger of the per-rank time above (CPU, memory, the TCP stack)
+and the time of the busiest host link:
+
+    link time = bytes crossing the busiest host's link in one direction / link bandwidth
+                + dependent steps in which some message crosses hosts x link latency
+
+The bytes come from each algorithm's communication pattern over the group's actual rank
+placement (`host_pattern`), e.g. for H hosts of P consecutive ranks (n = HP a power of two for
+the last two), S bytes, per link each way:
+
+    ring                2S(n-1)/n                 (one ring edge leaves each host)
+    torus, host rows    2S(H-1)/H                 (only the column phase crosses)
+    direct              2S P(n-P)/n               (each rank's blocks for the other hosts)
+    recursive_doubling  S P log2 H                (the rounds at distances >= P cross)
+    rabenseifner        2S P(n-P)/n               (the same rounds, S d/n each at distance d)
+
+The link's figures are a machine description of their own ("tcp across hosts", `HOST_LINK`),
+set by TORUS_LINK_BANDWIDTH and TORUS_LINK_LATENCY.
 """
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass
+from typing import Sequence
 
 from .config import MAX_BYTES, Rule
 
@@ -44,6 +66,28 @@ DEFAULT_MACHINE = Machine(latency=260e-6, bandwidth=0.41e9, reduce_rate=2.5e9, m
 # Fitted to the 4- and 8-rank shared-memory runs (benchmarks/results/cost_model_fit_shm.txt).
 SHM_MACHINE = Machine(latency=120e-6, bandwidth=3.51e9, reduce_rate=2.19e9, message_overhead=58e-6)
 MACHINES = {"tcp": DEFAULT_MACHINE, "shm": SHM_MACHINE}
+
+# TCP payload per byte a link carries: 1448 payload bytes (MSS with timestamps) per 1538-byte
+# Ethernet frame at MTU 1500 (preamble and gap included). TCP measured 0.93-0.96 of a tbf-shaped
+# link's rate on the cluster emulator (BENCHMARKS.md, multi-host).
+TCP_PAYLOAD_SHARE = 1448 / 1538
+
+
+@dataclass(frozen=True)
+class Link:
+    """A host's network link as TCP across hosts sees it ("tcp across hosts")."""
+
+    bandwidth: float  # payload bytes per second through one host's link, each direction
+    latency: float  # seconds a message takes from host to host (one dependent step)
+
+    @classmethod
+    def of(cls, rate_bytes: float, latency: float) -> "Link":
+        """From the link's nominal rate in bytes/s (10 Gbit/s: 1.25e9), as TORUS_LINK_BANDWIDTH gives it."""
+        return cls(bandwidth=rate_bytes * TCP_PAYLOAD_SHARE, latency=latency)
+
+
+# The default when TORUS_LINK_BANDWIDTH / TORUS_LINK_LATENCY are not set: 10 Gbit/s Ethernet.
+HOST_LINK = Link.of(10e9 / 8, 20e-6)
 
 
 @dataclass(frozen=True)
@@ -94,22 +138,178 @@ def allreduce_terms(algorithm: str, nbytes: int, n: int, grid_shape: tuple[int, 
     raise ValueError(f"no cost model for allreduce algorithm {algorithm!r}")
 
 
+# -- Across hosts -------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Placement:
+    """Where a group's ranks live: `hosts[r]` is rank r's host (any hashable identity), `rows`
+    the torus grid's rows as rank lists (None without a grid)."""
+
+    hosts: tuple
+    rows: tuple[tuple[int, ...], ...] | None = None
+
+    @property
+    def host_count(self) -> int:
+        return len(set(self.hosts))
+
+
+@dataclass(frozen=True)
+class HostPattern:
+    """What an allreduce of S bytes puts on the host links: linear in S."""
+
+    link_share: float  # bytes over the busiest host link, one direction, per byte of S
+    crossing_steps: int  # dependent steps in which some message crosses hosts
+    sent_share: dict  # host -> bytes it sends to other hosts, per byte of S
+
+
+# A step: (times it repeats, messages (source rank, destination rank, bytes per byte of S)).
+_Step = tuple[int, tuple[tuple[int, int, float], ...]]
+
+
+def _ring_steps(ranks: Sequence[int], share: float, steps: int) -> list[_Step]:
+    """`steps` ring steps over `ranks`, each rank sending share/n to the next (ring_pass.cc)."""
+    n = len(ranks)
+    if n < 2 or steps == 0:
+        return []
+    return [(steps, tuple((ranks[i], ranks[(i + 1) % n], share / n) for i in range(n)))]
+
+
+def _exchange(pairs: Sequence[tuple[int, int]], share: float) -> _Step:
+    """Each pair sends `share` both ways in one step (partner_exchange.cc)."""
+    return (1, tuple(m for a, b in pairs for m in ((a, b, share), (b, a, share))))
+
+
+def _folded(ranks: Sequence[int], share: float, rounds) -> list[_Step]:
+    """power_of_two_fold.cc: ranks 2i+1 < 2(n-p) hand their buffer to 2i, the p remaining ranks
+    run `rounds(remaining)`, and 2i hands the result back."""
+    n = len(ranks)
+    p = 1 << _log2_floor(n)
+    pairs = n - p
+    remaining = [ranks[2 * i] if i < pairs else ranks[i + pairs] for i in range(p)]
+    fold = [(1, tuple((ranks[2 * i + 1], ranks[2 * i], share) for i in range(pairs)))] if pairs else []
+    unfold = [(1, tuple((ranks[2 * i], ranks[2 * i + 1], share) for i in range(pairs)))] if pairs else []
+    return fold + rounds(remaining) + unfold
+
+
+def _recursive_doubling_steps(ranks: Sequence[int], share: float) -> list[_Step]:
+    def rounds(rem):
+        p = len(rem)
+        return [_exchange([(rem[k], rem[k ^ d]) for k in range(p) if k < k ^ d], share)
+                for d in (1 << i for i in range(_log2_floor(p)))]
+    return _folded(ranks, share, rounds)
+
+
+def _rabenseifner_steps(ranks: Sequence[int], share: float) -> list[_Step]:
+    def rounds(rem):
+        p = len(rem)
+        distances = [1 << i for i in range(_log2_floor(p))]
+        # Halving at distance d sends d of the p blocks; doubling the same, in reverse order.
+        return [_exchange([(rem[k], rem[k ^ d]) for k in range(p) if k < k ^ d], share * d / p)
+                for d in list(reversed(distances)) + distances]
+    return _folded(ranks, share, rounds)
+
+
+def _direct_steps(ranks: Sequence[int], share: float) -> list[_Step]:
+    n = len(ranks)
+    if n < 2:
+        return []
+    return [(2, tuple((a, b, share / n) for a in ranks for b in ranks if a != b))]
+
+
+def _allreduce_steps(algorithm: str, ranks: Sequence[int], share: float) -> list[_Step]:
+    if len(ranks) < 2:
+        return []
+    if algorithm == "ring":
+        return _ring_steps(ranks, share, 2 * (len(ranks) - 1))
+    if algorithm == "direct":
+        return _direct_steps(ranks, share)
+    if algorithm == "recursive_doubling":
+        return _recursive_doubling_steps(ranks, share)
+    if algorithm == "rabenseifner":
+        return _rabenseifner_steps(ranks, share)
+    raise ValueError(f"no host traffic model for allreduce algorithm {algorithm!r}")
+
+
+def _side_by_side(step_lists: list[list[_Step]]) -> list[_Step]:
+    """Steps of equal shape that disjoint Comms (the rows, the columns) run at the same time."""
+    return [(group[0][0], tuple(m for _, messages in group for m in messages)) for group in zip(*step_lists)]
+
+
+def _torus_steps(rows: Sequence[Sequence[int]], inner: str) -> list[_Step]:
+    """torus_allreduce.cc: ring reduce-scatter along every row, `inner` on each rank's 1/c share
+    along every column, ring allgather along every row."""
+    cols = len(rows[0])
+    row_pass = _side_by_side([_ring_steps(row, 1.0, cols - 1) for row in rows])
+    columns = [[row[j] for row in rows] for j in range(cols)]
+    column_phase = _side_by_side([_allreduce_steps(inner, column, 1.0 / cols) for column in columns])
+    return row_pass + column_phase + row_pass
+
+
+@functools.lru_cache(maxsize=256)
+def host_pattern(algorithm: str, placement: Placement, inner: str = "ring") -> HostPattern:
+    """The bytes each host's link carries and the steps that cross hosts, for an allreduce of
+    S = 1 byte over a group placed as `placement`."""
+    hosts = placement.hosts
+    n = len(hosts)
+    if algorithm == "torus" and placement.rows is not None:
+        steps = _torus_steps(placement.rows, inner)
+    else:
+        # The torus without a grid runs as the ring.
+        steps = _allreduce_steps("ring" if algorithm == "torus" else algorithm, range(n), 1.0)
+    sent: dict = {h: 0.0 for h in hosts}
+    received: dict = {h: 0.0 for h in hosts}
+    crossing = 0
+    for repeat, messages in steps:
+        crosses = False
+        for source, destination, share in messages:
+            if hosts[source] != hosts[destination]:
+                sent[hosts[source]] += repeat * share
+                received[hosts[destination]] += repeat * share
+                crosses = True
+        crossing += repeat if crosses else 0
+    link_share = max(max(sent.values()), max(received.values()))
+    return HostPattern(link_share, crossing, sent)
+
+
 def allreduce_seconds(algorithm: str, nbytes: int, n: int, grid_shape: tuple[int, int] | None = None,
-                      inner: str = "ring", machine: Machine = DEFAULT_MACHINE) -> float:
-    """Predicted time of one allreduce of `nbytes` over `n` ranks."""
-    return machine.seconds(allreduce_terms(algorithm, nbytes, n, grid_shape, inner))
+                      inner: str = "ring", machine: Machine = DEFAULT_MACHINE,
+                      placement: Placement | None = None, link: Link = HOST_LINK) -> float:
+    """Predicted time of one allreduce of `nbytes` over `n` ranks; with a placement on several
+    hosts, the larger of the ranks' time and the busiest host link's."""
+    local = machine.seconds(allreduce_terms(algorithm, nbytes, n, grid_shape, inner))
+    if placement is None or placement.host_count < 2:
+        return local
+    pattern = host_pattern(algorithm, placement, inner)
+    across = pattern.link_share * nbytes / link.bandwidth + pattern.crossing_steps * link.latency
+    return max(local, across)
+
+
+# Across hosts, candidates predicted within this fraction of the fastest count as tied, and the
+# first of them in candidate order (ring, torus, direct, recursive_doubling, rabenseifner) wins.
+# The link term counts bytes, not how steadily they flow: the ring keeps one TCP stream per link
+# direction busy for the whole call, the others run several streams at once or switch peers
+# between dependent rounds. With one rank per host, where ring, torus, direct and rabenseifner
+# all put 2S(n-1)/n on each link, the emulated cluster measured the ring 1.08-1.26x faster
+# (BENCHMARKS.md, multi-host).
+LINK_TIE = 0.05
 
 
 def best_allreduce(nbytes: int, n: int, candidates: tuple[str, ...], grid_shape: tuple[int, int] | None,
-                   inner: str, machine: Machine = DEFAULT_MACHINE) -> str:
-    return min(candidates, key=lambda a: allreduce_seconds(a, nbytes, n, grid_shape, inner, machine))
+                   inner: str, machine: Machine = DEFAULT_MACHINE, placement: Placement | None = None,
+                   link: Link = HOST_LINK) -> str:
+    seconds = {a: allreduce_seconds(a, nbytes, n, grid_shape, inner, machine, placement, link) for a in candidates}
+    fastest = min(seconds.values())
+    if placement is None or placement.host_count < 2:
+        return min(candidates, key=seconds.__getitem__)
+    return next(a for a in candidates if seconds[a] <= fastest * (1 + LINK_TIE))
 
 
 def auto_allreduce_rules(n: int, candidates: tuple[str, ...], grid_shape: tuple[int, int] | None,
-                         inner: str, machine: Machine = DEFAULT_MACHINE) -> tuple[Rule, ...]:
+                         inner: str, machine: Machine = DEFAULT_MACHINE, placement: Placement | None = None,
+                         link: Link = HOST_LINK) -> tuple[Rule, ...]:
     """Rules covering every size with the algorithm the model predicts fastest."""
     def best(size: int) -> str:
-        return best_allreduce(size, n, candidates, grid_shape, inner, machine)
+        return best_allreduce(size, n, candidates, grid_shape, inner, machine, placement, link)
 
     samples = [1 << k for k in range(41)] + [MAX_BYTES]
     rules: list[Rule] = []
