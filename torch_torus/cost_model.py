@@ -34,8 +34,11 @@ the last two), S bytes, per link each way:
     recursive_doubling  S P log2 H                (the rounds at distances >= P cross)
     rabenseifner        2S P(n-P)/n               (the same rounds, S d/n each at distance d)
 
-The link's figures are a machine description of their own ("tcp across hosts", `HOST_LINK`),
-set by TORUS_LINK_BANDWIDTH and TORUS_LINK_LATENCY.
+The torus's row and column phases overlap only across its segments (torus_allreduce.cc), so a
+torus of one segment takes its row phases plus its column phase (`allreduce_seconds`). Where the
+predictions come within LINK_TIE of each other, the ring is preferred. The link's figures are a
+machine description of their own ("tcp across hosts", `HOST_LINK`), set by
+TORUS_LINK_BANDWIDTH and TORUS_LINK_LATENCY.
 """
 
 from __future__ import annotations
@@ -210,6 +213,8 @@ def _rabenseifner_steps(ranks: Sequence[int], share: float) -> list[_Step]:
 
 
 def _direct_steps(ranks: Sequence[int], share: float) -> list[_Step]:
+    """Every rank sends share/n to every other, twice (direct_pass.cc). n(n-1) messages: see
+    host_pattern for the sums it takes instead when the group is large."""
     n = len(ranks)
     if n < 2:
         return []
@@ -235,24 +240,31 @@ def _side_by_side(step_lists: list[list[_Step]]) -> list[_Step]:
     return [(group[0][0], tuple(m for _, messages in group for m in messages)) for group in zip(*step_lists)]
 
 
-def _torus_steps(rows: Sequence[Sequence[int]], inner: str) -> list[_Step]:
+def _torus_steps(rows: Sequence[Sequence[int]], inner: str, phase: str = "all") -> list[_Step]:
     """torus_allreduce.cc: ring reduce-scatter along every row, `inner` on each rank's 1/c share
-    along every column, ring allgather along every row."""
+    along every column, ring allgather along every row. `phase`: "rows" (both row phases),
+    "columns", or "all"."""
     cols = len(rows[0])
     row_pass = _side_by_side([_ring_steps(row, 1.0, cols - 1) for row in rows])
     columns = [[row[j] for row in rows] for j in range(cols)]
     column_phase = _side_by_side([_allreduce_steps(inner, column, 1.0 / cols) for column in columns])
-    return row_pass + column_phase + row_pass
+    return {"rows": row_pass + row_pass, "columns": column_phase}.get(phase, row_pass + column_phase + row_pass)
 
 
 @functools.lru_cache(maxsize=256)
-def host_pattern(algorithm: str, placement: Placement, inner: str = "ring") -> HostPattern:
+def host_pattern(algorithm: str, placement: Placement, inner: str = "ring", phase: str = "all") -> HostPattern:
     """The bytes each host's link carries and the steps that cross hosts, for an allreduce of
-    S = 1 byte over a group placed as `placement`."""
+    S = 1 byte over a group placed as `placement` (for the torus, `phase` may pick its row or
+    column phases alone)."""
     hosts = placement.hosts
     n = len(hosts)
+    if algorithm == "direct" and n > 64:
+        # Each host sends share/n from each of its k ranks to each of the n - k ranks elsewhere, twice.
+        count = {h: hosts.count(h) for h in set(hosts)}
+        sent = {h: 2 * k * (n - k) / n for h, k in count.items()}
+        return HostPattern(max(sent.values()), 2 if len(count) > 1 else 0, sent)
     if algorithm == "torus" and placement.rows is not None:
-        steps = _torus_steps(placement.rows, inner)
+        steps = _torus_steps(placement.rows, inner, phase)
     else:
         # The torus without a grid runs as the ring.
         steps = _allreduce_steps("ring" if algorithm == "torus" else algorithm, range(n), 1.0)
@@ -271,17 +283,49 @@ def host_pattern(algorithm: str, placement: Placement, inner: str = "ring") -> H
     return HostPattern(link_share, crossing, sent)
 
 
+def _link_seconds(pattern: HostPattern, nbytes: int, link: Link) -> float:
+    return pattern.link_share * nbytes / link.bandwidth + pattern.crossing_steps * link.latency
+
+
+# Chunks each phase of the torus keeps in flight (kChunksInFlight, csrc/collectives/blocks.h): a
+# torus segment holds columns x this x the chunk size.
+CHUNKS_IN_FLIGHT = 4
+DEFAULT_CHUNK_BYTES = 512 * 1024
+
+
+def torus_segments(nbytes: int, cols: int, chunk_bytes: int = DEFAULT_CHUNK_BYTES) -> int:
+    """Segments torus_allreduce.cc cuts `nbytes` into: the column phase of one overlaps the row
+    phases of the others, so with one segment nothing overlaps."""
+    return max(1, math.ceil(nbytes / (cols * CHUNKS_IN_FLIGHT * chunk_bytes)))
+
+
 def allreduce_seconds(algorithm: str, nbytes: int, n: int, grid_shape: tuple[int, int] | None = None,
                       inner: str = "ring", machine: Machine = DEFAULT_MACHINE,
-                      placement: Placement | None = None, link: Link = HOST_LINK) -> float:
+                      placement: Placement | None = None, link: Link = HOST_LINK,
+                      chunk_bytes: int = DEFAULT_CHUNK_BYTES) -> float:
     """Predicted time of one allreduce of `nbytes` over `n` ranks; with a placement on several
-    hosts, the larger of the ranks' time and the busiest host link's."""
+    hosts, the larger of the ranks' time and the busiest host link's.
+
+    The torus across hosts runs its row phases (R: within hosts when rows are hosts) and its
+    column phase (C: across) one after the other per segment, overlapping one segment's column
+    phase with the others' row phases, so with k segments it takes at least
+    max(R, C) + min(R, C)/k: R + C for one segment (4 MiB at 2 columns), about max(R, C) for many.
+    """
     local = machine.seconds(allreduce_terms(algorithm, nbytes, n, grid_shape, inner))
     if placement is None or placement.host_count < 2:
         return local
-    pattern = host_pattern(algorithm, placement, inner)
-    across = pattern.link_share * nbytes / link.bandwidth + pattern.crossing_steps * link.latency
-    return max(local, across)
+    seconds = max(local, _link_seconds(host_pattern(algorithm, placement, inner), nbytes, link))
+    if algorithm == "torus" and placement.rows is not None and grid_shape is not None:
+        rows, cols = grid_shape
+        s = float(nbytes)
+        row_terms = Terms(2 * (cols - 1), 2 * (cols - 1) / cols * s, (cols - 1) / cols * s, 0)
+        row_phases = max(machine.seconds(row_terms),
+                         _link_seconds(host_pattern("torus", placement, inner, "rows"), nbytes, link))
+        column_phase = max(machine.seconds(allreduce_terms(inner, nbytes // cols, rows)),
+                           _link_seconds(host_pattern("torus", placement, inner, "columns"), nbytes, link))
+        k = torus_segments(nbytes, cols, chunk_bytes) if rows > 1 and cols > 1 else 1
+        seconds = max(seconds, max(row_phases, column_phase) + min(row_phases, column_phase) / k)
+    return seconds
 
 
 # Across hosts, candidates predicted within this fraction of the fastest count as tied, and the
@@ -289,15 +333,16 @@ def allreduce_seconds(algorithm: str, nbytes: int, n: int, grid_shape: tuple[int
 # The link term counts bytes, not how steadily they flow: the ring keeps one TCP stream per link
 # direction busy for the whole call, the others run several streams at once or switch peers
 # between dependent rounds. With one rank per host, where ring, torus, direct and rabenseifner
-# all put 2S(n-1)/n on each link, the emulated cluster measured the ring 1.08-1.26x faster
-# (BENCHMARKS.md, multi-host).
+# all put 2S(n-1)/n on each link, the emulated cluster measured the ring 1.07-1.26x faster
+# at 16 and 64 MiB (BENCHMARKS.md, multi-host).
 LINK_TIE = 0.05
 
 
 def best_allreduce(nbytes: int, n: int, candidates: tuple[str, ...], grid_shape: tuple[int, int] | None,
                    inner: str, machine: Machine = DEFAULT_MACHINE, placement: Placement | None = None,
-                   link: Link = HOST_LINK) -> str:
-    seconds = {a: allreduce_seconds(a, nbytes, n, grid_shape, inner, machine, placement, link) for a in candidates}
+                   link: Link = HOST_LINK, chunk_bytes: int = DEFAULT_CHUNK_BYTES) -> str:
+    seconds = {a: allreduce_seconds(a, nbytes, n, grid_shape, inner, machine, placement, link, chunk_bytes)
+               for a in candidates}
     fastest = min(seconds.values())
     if placement is None or placement.host_count < 2:
         return min(candidates, key=seconds.__getitem__)
@@ -306,10 +351,10 @@ def best_allreduce(nbytes: int, n: int, candidates: tuple[str, ...], grid_shape:
 
 def auto_allreduce_rules(n: int, candidates: tuple[str, ...], grid_shape: tuple[int, int] | None,
                          inner: str, machine: Machine = DEFAULT_MACHINE, placement: Placement | None = None,
-                         link: Link = HOST_LINK) -> tuple[Rule, ...]:
+                         link: Link = HOST_LINK, chunk_bytes: int = DEFAULT_CHUNK_BYTES) -> tuple[Rule, ...]:
     """Rules covering every size with the algorithm the model predicts fastest."""
     def best(size: int) -> str:
-        return best_allreduce(size, n, candidates, grid_shape, inner, machine, placement, link)
+        return best_allreduce(size, n, candidates, grid_shape, inner, machine, placement, link, chunk_bytes)
 
     samples = [1 << k for k in range(41)] + [MAX_BYTES]
     rules: list[Rule] = []

@@ -5,7 +5,7 @@ thresholds for the others)."""
 from __future__ import annotations
 
 from .config import ALGORITHMS, MAX_BYTES, SHARED_MEMORY_ALGORITHMS, Rule
-from .cost_model import HOST_LINK, MACHINES, Link, Machine, Placement, auto_allreduce_rules
+from .cost_model import DEFAULT_CHUNK_BYTES, HOST_LINK, MACHINES, Link, Machine, Placement, auto_allreduce_rules
 from .topology import Grid
 
 # Automatic choice for the collectives without a cost model yet: a latency-bound algorithm for
@@ -38,12 +38,13 @@ def placement_of(hosts: list[str] | None, grid: Grid | None) -> Placement | None
 
 def auto_rules(collective: str, size: int, grid: Grid | None, inner: str, transport: str = "tcp",
                machine: Machine | None = None, hosts: list[str] | None = None,
-               link: Link = HOST_LINK) -> tuple[Rule, ...]:
+               link: Link = HOST_LINK, chunk_bytes: int = DEFAULT_CHUNK_BYTES) -> tuple[Rule, ...]:
     """`hosts`: each rank's host identity; when they differ, allreduce's cost model counts the
-    bytes over each host's `link`."""
+    bytes over each host's `link` (and the torus's segments of `chunk_bytes` chunks)."""
     if collective == "allreduce":
         return auto_allreduce_rules(size, allreduce_candidates(grid, transport), grid.shape if grid else None,
-                                    inner, machine or MACHINES[transport], placement_of(hosts, grid), link)
+                                    inner, machine or MACHINES[transport], placement_of(hosts, grid), link,
+                                    chunk_bytes)
     return _AUTO_THRESHOLDS[collective]
 
 
@@ -85,7 +86,7 @@ def resolve_tables(values: dict, size: int, grid: Grid | None, transport: str = 
         if collective == "allreduce" and tuned_allreduce is not None:
             return tuned_allreduce
         return auto_rules(collective, size, grid, values["torus_inner"], transport, machine, hosts,
-                          link_of(values))
+                          link_of(values), values["chunk_bytes"])
 
     return {collective: overlay(values[collective], automatic(collective)) for collective in ALGORITHMS}
 
