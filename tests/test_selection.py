@@ -187,13 +187,39 @@ def test_link_time_is_bytes_over_bandwidth_plus_latency_when_the_link_bounds_it(
     link = Link.of(1e9 / 8, 20e-6)
     placement = placed(consecutive(2, 4))
     nbytes = 64 << 20
-    for algorithm, share, steps in [("ring", 1.75, 14), ("rabenseifner", 4.0, 2)]:
-        seconds = cost_model.allreduce_seconds(algorithm, nbytes, 8, (2, 4), placement=placement, link=link)
-        assert seconds == pytest.approx(share * nbytes / (1e9 / 8 * cost_model.TCP_PAYLOAD_SHARE) + steps * 20e-6)
+    seconds = cost_model.allreduce_seconds("ring", nbytes, 8, (2, 4), placement=placement, link=link)
+    assert seconds == pytest.approx(1.75 * nbytes / (1e9 / 8 * cost_model.TCP_PAYLOAD_SHARE) + 14 * 20e-6)
     # A fast enough link leaves the ranks' own time.
     fast = Link.of(1e15, 0.0)
     assert cost_model.allreduce_seconds("ring", nbytes, 8, (2, 4), placement=placement, link=fast) == \
         cost_model.allreduce_seconds("ring", nbytes, 8, (2, 4))
+
+
+def test_rounds_of_recursive_doubling_and_rabenseifner_run_one_after_another():
+    # 2 x 4: rabenseifner's halving and doubling rounds at distance 4 cross (2S over each link
+    # each), those at distances 2 and 1 stay on the host; each round takes the longer of its
+    # transfer over the link and the ranks' own time, and the rounds add up.
+    link = Link.of(1e9 / 8, 20e-6)
+    placement = placed(consecutive(2, 4))
+    machine = cost_model.DEFAULT_MACHINE
+    rounds = cost_model.host_rounds("rabenseifner", placement)
+    assert [(r.sent, r.reduced, r.link_share, r.crosses) for r in rounds] == [
+        (0.5, 0.5, 2.0, True), (0.25, 0.25, 0.0, False), (0.125, 0.125, 0.0, False),
+        (0.125, 0.0, 0.0, False), (0.25, 0.0, 0.0, False), (0.5, 0.0, 2.0, True)]
+    nbytes = 64 << 20
+    expected = sum(max(machine.seconds(cost_model.Terms(1, r.sent * nbytes, r.reduced * nbytes, 0)),
+                       r.link_share * nbytes / link.bandwidth + (link.latency if r.crosses else 0))
+                   for r in rounds)
+    assert cost_model.allreduce_seconds("rabenseifner", nbytes, 8, (2, 4), placement=placement, link=link) == \
+        pytest.approx(expected)
+    # The rounds' own terms add up to one host's.
+    for algorithm in ("recursive_doubling", "rabenseifner"):
+        for hosts, per_host in [(2, 4), (2, 3), (3, 2)]:
+            rounds = cost_model.host_rounds(algorithm, placed(consecutive(hosts, per_host)))
+            terms = cost_model.allreduce_terms(algorithm, 1 << 20, hosts * per_host)
+            assert sum(r.sent for r in rounds) * (1 << 20) == pytest.approx(terms.wire_bytes)
+            assert sum(r.reduced for r in rounds) * (1 << 20) == pytest.approx(terms.reduced_bytes)
+            assert len(rounds) == terms.steps
 
 
 def test_torus_row_and_column_phases_add_up_with_one_segment_and_overlap_with_many():
@@ -258,6 +284,9 @@ def test_across_hosts_auto_counts_the_shared_links():
     # is a single segment whose row phases do not overlap its column phase: the ring until then.
     assert at(tables[4, 2], 1 << 20) == "ring" and at(tables[4, 2], 4 << 20) == "ring"
     assert at(tables[4, 2], 16 << 20) == "torus" and at(tables[4, 2], 64 << 20) == "torus"
+    # Near-ties go to the fewest bytes over the link: at 2 x 4, 256 KiB, ring and torus are
+    # predicted within 1%, and the torus sends 1.0 S over each link against the ring's 1.75 S.
+    assert at(tables[2, 4], 256 << 10) == "torus"
 
 
 def test_slower_links_move_large_messages_to_fewer_link_bytes():

@@ -34,9 +34,12 @@ the last two), S bytes, per link each way:
     recursive_doubling  S P log2 H                (the rounds at distances >= P cross)
     rabenseifner        2S P(n-P)/n               (the same rounds, S d/n each at distance d)
 
-The torus's row and column phases overlap only across its segments (torus_allreduce.cc), so a
-torus of one segment takes its row phases plus its column phase (`allreduce_seconds`). Where the
-predictions come within LINK_TIE of each other, the ring is preferred. The link's figures are a
+Where an algorithm runs in phases one after another, the phases add up: recursive doubling's
+and Rabenseifner's rounds (`host_rounds`), each the longer of its own transfer over the link and
+the ranks' own time; the torus's row and column phases overlap only across its segments
+(torus_allreduce.cc), so a torus of one segment takes its row phases plus its column phase.
+Where the predictions come within LINK_TIE of each other, the fewest bytes over the link win,
+then the ring (`best_allreduce`). The link's figures are a
 machine description of their own ("tcp across hosts", `HOST_LINK`), set by
 TORUS_LINK_BANDWIDTH and TORUS_LINK_LATENCY.
 """
@@ -165,8 +168,9 @@ class HostPattern:
     sent_share: dict  # host -> bytes it sends to other hosts, per byte of S
 
 
-# A step: (times it repeats, messages (source rank, destination rank, bytes per byte of S)).
-_Step = tuple[int, tuple[tuple[int, int, float], ...]]
+# A step: (times it repeats, messages (source rank, destination rank, bytes per byte of S),
+# whether the receivers reduce what arrives).
+_Step = tuple[int, tuple[tuple[int, int, float], ...], bool]
 
 
 def _ring_steps(ranks: Sequence[int], share: float, steps: int) -> list[_Step]:
@@ -174,12 +178,12 @@ def _ring_steps(ranks: Sequence[int], share: float, steps: int) -> list[_Step]:
     n = len(ranks)
     if n < 2 or steps == 0:
         return []
-    return [(steps, tuple((ranks[i], ranks[(i + 1) % n], share / n) for i in range(n)))]
+    return [(steps, tuple((ranks[i], ranks[(i + 1) % n], share / n) for i in range(n)), True)]
 
 
-def _exchange(pairs: Sequence[tuple[int, int]], share: float) -> _Step:
+def _exchange(pairs: Sequence[tuple[int, int]], share: float, reduces: bool = True) -> _Step:
     """Each pair sends `share` both ways in one step (partner_exchange.cc)."""
-    return (1, tuple(m for a, b in pairs for m in ((a, b, share), (b, a, share))))
+    return (1, tuple(m for a, b in pairs for m in ((a, b, share), (b, a, share))), reduces)
 
 
 def _folded(ranks: Sequence[int], share: float, rounds) -> list[_Step]:
@@ -189,8 +193,8 @@ def _folded(ranks: Sequence[int], share: float, rounds) -> list[_Step]:
     p = 1 << _log2_floor(n)
     pairs = n - p
     remaining = [ranks[2 * i] if i < pairs else ranks[i + pairs] for i in range(p)]
-    fold = [(1, tuple((ranks[2 * i + 1], ranks[2 * i], share) for i in range(pairs)))] if pairs else []
-    unfold = [(1, tuple((ranks[2 * i], ranks[2 * i + 1], share) for i in range(pairs)))] if pairs else []
+    fold = [(1, tuple((ranks[2 * i + 1], ranks[2 * i], share) for i in range(pairs)), True)] if pairs else []
+    unfold = [(1, tuple((ranks[2 * i], ranks[2 * i + 1], share) for i in range(pairs)), False)] if pairs else []
     return fold + rounds(remaining) + unfold
 
 
@@ -206,9 +210,10 @@ def _rabenseifner_steps(ranks: Sequence[int], share: float) -> list[_Step]:
     def rounds(rem):
         p = len(rem)
         distances = [1 << i for i in range(_log2_floor(p))]
-        # Halving at distance d sends d of the p blocks; doubling the same, in reverse order.
-        return [_exchange([(rem[k], rem[k ^ d]) for k in range(p) if k < k ^ d], share * d / p)
-                for d in list(reversed(distances)) + distances]
+        # Halving at distance d sends d of the p blocks and reduces what arrives; doubling sends
+        # the same, in reverse order, and copies.
+        return [_exchange([(rem[k], rem[k ^ d]) for k in range(p) if k < k ^ d], share * d / p, halving)
+                for halving, d in [(True, d) for d in reversed(distances)] + [(False, d) for d in distances]]
     return _folded(ranks, share, rounds)
 
 
@@ -218,7 +223,7 @@ def _direct_steps(ranks: Sequence[int], share: float) -> list[_Step]:
     n = len(ranks)
     if n < 2:
         return []
-    return [(2, tuple((a, b, share / n) for a in ranks for b in ranks if a != b))]
+    return [(2, tuple((a, b, share / n) for a in ranks for b in ranks if a != b), True)]
 
 
 def _allreduce_steps(algorithm: str, ranks: Sequence[int], share: float) -> list[_Step]:
@@ -237,7 +242,8 @@ def _allreduce_steps(algorithm: str, ranks: Sequence[int], share: float) -> list
 
 def _side_by_side(step_lists: list[list[_Step]]) -> list[_Step]:
     """Steps of equal shape that disjoint Comms (the rows, the columns) run at the same time."""
-    return [(group[0][0], tuple(m for _, messages in group for m in messages)) for group in zip(*step_lists)]
+    return [(group[0][0], tuple(m for _, messages, _ in group for m in messages), group[0][2])
+            for group in zip(*step_lists)]
 
 
 def _torus_steps(rows: Sequence[Sequence[int]], inner: str, phase: str = "all") -> list[_Step]:
@@ -271,7 +277,7 @@ def host_pattern(algorithm: str, placement: Placement, inner: str = "ring", phas
     sent: dict = {h: 0.0 for h in hosts}
     received: dict = {h: 0.0 for h in hosts}
     crossing = 0
-    for repeat, messages in steps:
+    for repeat, messages, _ in steps:
         crosses = False
         for source, destination, share in messages:
             if hosts[source] != hosts[destination]:
@@ -281,6 +287,35 @@ def host_pattern(algorithm: str, placement: Placement, inner: str = "ring", phas
         crossing += repeat if crosses else 0
     link_share = max(max(sent.values()), max(received.values()))
     return HostPattern(link_share, crossing, sent)
+
+
+@dataclass(frozen=True)
+class Round:
+    """One round of recursive doubling or Rabenseifner (or their fold), per byte of S: rounds run
+    one after another, and within a round the transfer and the reduction overlap."""
+
+    sent: float  # bytes a rank sends
+    reduced: float  # bytes a rank reduces
+    link_share: float  # bytes over the busiest host link, one direction
+    crosses: bool
+
+
+@functools.lru_cache(maxsize=256)
+def host_rounds(algorithm: str, placement: Placement) -> tuple[Round, ...]:
+    """recursive_doubling's or rabenseifner's rounds over a group placed as `placement`."""
+    hosts = placement.hosts
+    rounds = []
+    for _, messages, reduces in _allreduce_steps(algorithm, range(len(hosts)), 1.0):
+        sent: dict = {}
+        received: dict = {}
+        for source, destination, share in messages:
+            if hosts[source] != hosts[destination]:
+                sent[hosts[source]] = sent.get(hosts[source], 0.0) + share
+                received[hosts[destination]] = received.get(hosts[destination], 0.0) + share
+        share = max(m[2] for m in messages)
+        rounds.append(Round(share, share if reduces else 0.0,
+                            max(list(sent.values()) + list(received.values()) + [0.0]), bool(sent)))
+    return tuple(rounds)
 
 
 def _link_seconds(pattern: HostPattern, nbytes: int, link: Link) -> float:
@@ -315,6 +350,12 @@ def allreduce_seconds(algorithm: str, nbytes: int, n: int, grid_shape: tuple[int
     if placement is None or placement.host_count < 2:
         return local
     seconds = max(local, _link_seconds(host_pattern(algorithm, placement, inner), nbytes, link))
+    if algorithm in ("recursive_doubling", "rabenseifner"):
+        s = float(nbytes)
+        by_round = sum(max(machine.seconds(Terms(1, r.sent * s, r.reduced * s, 0)),
+                           r.link_share * s / link.bandwidth + (link.latency if r.crosses else 0.0))
+                       for r in host_rounds(algorithm, placement))
+        seconds = max(seconds, by_round)
     if algorithm == "torus" and placement.rows is not None and grid_shape is not None:
         rows, cols = grid_shape
         s = float(nbytes)
@@ -328,14 +369,17 @@ def allreduce_seconds(algorithm: str, nbytes: int, n: int, grid_shape: tuple[int
     return seconds
 
 
-# Across hosts, candidates predicted within this fraction of the fastest count as tied, and the
-# first of them in candidate order (ring, torus, direct, recursive_doubling, rabenseifner) wins.
-# The link term counts bytes, not how steadily they flow: the ring keeps one TCP stream per link
-# direction busy for the whole call, the others run several streams at once or switch peers
-# between dependent rounds. With one rank per host, where ring, torus, direct and rabenseifner
-# all put 2S(n-1)/n on each link, the emulated cluster measured the ring 1.07-1.26x faster
-# at 16 and 64 MiB (BENCHMARKS.md, multi-host).
-LINK_TIE = 0.05
+# Across hosts, candidates predicted within this fraction of the fastest count as tied. Of them,
+# the one that puts the fewest bytes on the busiest host link wins, then the first in candidate
+# order (ring, torus, direct, recursive_doubling, rabenseifner). The bytes over a link are exact;
+# the ranks' own terms come from a machine fitted on one loaded host, and the link term counts
+# bytes, not how steadily they flow: the ring keeps one TCP stream per link direction busy for
+# the whole call, the others run several streams at once or switch peers between dependent
+# rounds. With one rank per host, where ring, torus, direct and rabenseifner all put 2S(n-1)/n
+# on each link, the emulated cluster measured the ring 1.07-1.26x faster than each of them at
+# 16 and 64 MiB (BENCHMARKS.md, multi-host). 3% rather than 5%: at 4 hosts x 2 ranks, 4 MiB, the
+# one-segment torus is predicted 4% behind the ring and measured 0-10% behind.
+LINK_TIE = 0.03
 
 
 def best_allreduce(nbytes: int, n: int, candidates: tuple[str, ...], grid_shape: tuple[int, int] | None,
@@ -346,7 +390,8 @@ def best_allreduce(nbytes: int, n: int, candidates: tuple[str, ...], grid_shape:
     fastest = min(seconds.values())
     if placement is None or placement.host_count < 2:
         return min(candidates, key=seconds.__getitem__)
-    return next(a for a in candidates if seconds[a] <= fastest * (1 + LINK_TIE))
+    tied = [a for a in candidates if seconds[a] <= fastest * (1 + LINK_TIE)]
+    return min(tied, key=lambda a: round(host_pattern(a, placement, inner).link_share, 9))
 
 
 def auto_allreduce_rules(n: int, candidates: tuple[str, ...], grid_shape: tuple[int, int] | None,
