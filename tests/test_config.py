@@ -21,6 +21,20 @@ def test_defaults_resolve():
     assert values["chunk_bytes"] == 512 * 1024
     assert values["log_level"] == "warn"
     assert values["socket_ifname"] == ""
+    assert values["link_bandwidth"] == 10e9 / 8  # 10 Gbit/s, in bytes per second
+    assert values["link_latency"] == 20e-6
+
+
+@pytest.mark.parametrize("text, expected", [("10gbit", 1.25e9), ("1Gbit/s", 1.25e8), ("300mbit", 3.75e7),
+                                            ("1.5gbit", 1.875e8), ("100kbit", 12500.0)])
+def test_parse_bit_rate(text, expected):
+    assert config.parse_bit_rate(text) == pytest.approx(expected)
+
+
+@pytest.mark.parametrize("text, expected", [("20us", 20e-6), ("1.5ms", 1.5e-3), ("0", 0.0), ("2s", 2.0),
+                                            ("500ns", 5e-7)])
+def test_parse_duration(text, expected):
+    assert config.parse_duration(text) == pytest.approx(expected)
 
 
 @pytest.mark.parametrize("text, expected", [("524288", 524288), ("512K", 524288), ("1M", 1 << 20),
@@ -47,6 +61,10 @@ def test_parse_bytes(text, expected):
     ("TORUS_CHUNK_BYTES", "-5", "byte count"),
     ("TORUS_LOG_LEVEL", "loud", "warn, info, debug"),
     ("TORUS_SOCKET_IFNAME", "no-such-if0", "no such network interface"),
+    ("TORUS_LINK_BANDWIDTH", "10g", "10gbit, 100mbit"),
+    ("TORUS_LINK_BANDWIDTH", "0gbit", "greater than zero"),
+    ("TORUS_LINK_LATENCY", "20", "20us, 1.5ms"),
+    ("TORUS_LINK_LATENCY", "-1ms", "20us, 1.5ms"),
 ])
 def test_bad_environment_value_names_variable_value_and_allowed(name, value, allowed):
     with pytest.raises(config.ConfigError) as error:

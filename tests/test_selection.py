@@ -1,5 +1,7 @@
 """Algorithm selection without processes: rule syntax, tables, grids, the cost model."""
 
+import math
+
 import pytest
 
 from torch_torus.config import MAX_BYTES, Rule, parse_rules
@@ -107,3 +109,189 @@ def test_torus_takes_fewer_steps_than_ring_at_scale():
     # 1024 ranks as 32 x 32: 124 steps against the ring's 2046 (DESIGN.md); latency-bound sizes
     # show it.
     assert allreduce_seconds("torus", 1024, 1024, (32, 32)) < allreduce_seconds("ring", 1024, 1024)
+
+
+# -- Across hosts: bytes over each host's link ----------------------------------------------------
+
+from torch_torus import cost_model  # noqa: E402
+from torch_torus.cost_model import Link, Placement, host_pattern  # noqa: E402
+from torch_torus.selection import placement_of  # noqa: E402
+
+ALLREDUCES = ("ring", "torus", "direct", "recursive_doubling", "rabenseifner")
+
+
+def consecutive(hosts, per_host):
+    return [f"node{h}" for h in range(hosts) for _ in range(per_host)]
+
+
+def placed(hosts):
+    return placement_of(hosts, choose_grid(len(hosts), hosts, None))
+
+
+# Bytes each host sends over its link per allreduce, / S, as the cluster emulator measured them
+# (benchmarks/results/cluster_link_util_{2x4,4x2,8x1}_1gbit.txt: ring 1.752, torus 1.002, the
+# others 4.003-4.010 at 2 x 4; torus 1.503, rabenseifner and direct 3.004-3.007, recursive
+# doubling 4.008 at 4 x 2; 1.753-1.754, recursive doubling 3.005, at 8 x 1).
+@pytest.mark.parametrize("hosts, per_host, expected", [
+    (2, 4, {"ring": 1.75, "torus": 1.0, "direct": 4.0, "recursive_doubling": 4.0, "rabenseifner": 4.0}),
+    (4, 2, {"ring": 1.75, "torus": 1.5, "direct": 3.0, "recursive_doubling": 4.0, "rabenseifner": 3.0}),
+    (8, 1, {"ring": 1.75, "torus": 1.75, "direct": 1.75, "recursive_doubling": 3.0, "rabenseifner": 1.75}),
+])
+def test_bytes_over_each_host_link_match_the_emulator(hosts, per_host, expected):
+    placement = placed(consecutive(hosts, per_host))
+    for algorithm, share in expected.items():
+        pattern = host_pattern(algorithm, placement)
+        assert pattern.link_share == pytest.approx(share), algorithm
+        # Every host sends the same here, and receives what it sends.
+        assert set(round(v, 9) for v in pattern.sent_share.values()) == {round(share, 9)}, algorithm
+
+
+def test_bytes_over_links_follow_the_formulas_for_other_layouts():
+    for hosts, per_host in [(2, 2), (2, 8), (4, 4), (8, 2), (3, 4), (2, 3), (2, 40)]:
+        n = hosts * per_host
+        placement = placed(consecutive(hosts, per_host))
+        assert host_pattern("ring", placement).link_share == pytest.approx(2 * (n - 1) / n)
+        assert host_pattern("torus", placement).link_share == pytest.approx(2 * (hosts - 1) / hosts)
+        assert host_pattern("direct", placement).link_share == pytest.approx(2 * per_host * (n - per_host) / n)
+        if n & (n - 1) == 0:  # powers of two: the rounds at distances >= per_host cross
+            assert host_pattern("rabenseifner", placement).link_share == pytest.approx(2 * per_host * (n - per_host) / n)
+            assert host_pattern("recursive_doubling", placement).link_share == pytest.approx(
+                per_host * math.log2(hosts))
+
+
+def test_placement_not_the_count_decides():
+    # Ranks dealt round-robin to 2 hosts: every ring edge crosses, so each host sends its 4 ranks'
+    # 2S(n-1)/n; the grid still has one row per host, so the torus's bytes do not change.
+    interleaved = placed(["a", "b"] * 4)
+    assert host_pattern("ring", interleaved).link_share == pytest.approx(4 * 1.75)
+    assert host_pattern("torus", interleaved).link_share == pytest.approx(1.0)
+    assert host_pattern("recursive_doubling", interleaved).link_share == pytest.approx(4 * 1.0)
+
+
+def test_folded_ranks_cross_hosts_too():
+    # 6 ranks as 3 + 3: recursive doubling folds rank 1 into 0 (same host) and 3 into 2 (across),
+    # runs on 0, 2, 4, 5 (distance 2 crosses twice) and unfolds 2 -> 3: 3S each way, 3 steps.
+    pattern = host_pattern("recursive_doubling", placed(consecutive(2, 3)))
+    assert pattern.link_share == pytest.approx(3.0) and pattern.crossing_steps == 3
+
+
+@pytest.mark.parametrize("algorithm", ALLREDUCES)
+def test_crossing_steps(algorithm):
+    steps = {a: host_pattern(a, placed(consecutive(2, 4))).crossing_steps for a in ALLREDUCES}
+    # 2 x 4: the ring's 14 steps all cross; the torus's only in its column phase (2 steps); the
+    # direct's 2; recursive doubling's distance-4 round; rabenseifner's two rounds at distance 4.
+    assert steps == {"ring": 14, "torus": 2, "direct": 2, "recursive_doubling": 1, "rabenseifner": 2}
+
+
+def test_link_time_is_bytes_over_bandwidth_plus_latency_when_the_link_bounds_it():
+    link = Link.of(1e9 / 8, 20e-6)
+    placement = placed(consecutive(2, 4))
+    nbytes = 64 << 20
+    seconds = cost_model.allreduce_seconds("ring", nbytes, 8, (2, 4), placement=placement, link=link)
+    assert seconds == pytest.approx(1.75 * nbytes / (1e9 / 8 * cost_model.TCP_PAYLOAD_SHARE) + 14 * 20e-6)
+    # A fast enough link leaves the ranks' own time.
+    fast = Link.of(1e15, 0.0)
+    assert cost_model.allreduce_seconds("ring", nbytes, 8, (2, 4), placement=placement, link=fast) == \
+        cost_model.allreduce_seconds("ring", nbytes, 8, (2, 4))
+
+
+def test_rounds_of_recursive_doubling_and_rabenseifner_run_one_after_another():
+    # 2 x 4: rabenseifner's halving and doubling rounds at distance 4 cross (2S over each link
+    # each), those at distances 2 and 1 stay on the host; each round takes the longer of its
+    # transfer over the link and the ranks' own time, and the rounds add up.
+    link = Link.of(1e9 / 8, 20e-6)
+    placement = placed(consecutive(2, 4))
+    machine = cost_model.DEFAULT_MACHINE
+    rounds = cost_model.host_rounds("rabenseifner", placement)
+    assert [(r.sent, r.reduced, r.link_share, r.crosses) for r in rounds] == [
+        (0.5, 0.5, 2.0, True), (0.25, 0.25, 0.0, False), (0.125, 0.125, 0.0, False),
+        (0.125, 0.0, 0.0, False), (0.25, 0.0, 0.0, False), (0.5, 0.0, 2.0, True)]
+    nbytes = 64 << 20
+    expected = sum(max(machine.seconds(cost_model.Terms(1, r.sent * nbytes, r.reduced * nbytes, 0)),
+                       r.link_share * nbytes / link.bandwidth + (link.latency if r.crosses else 0))
+                   for r in rounds)
+    assert cost_model.allreduce_seconds("rabenseifner", nbytes, 8, (2, 4), placement=placement, link=link) == \
+        pytest.approx(expected)
+    # The rounds' own terms add up to one host's.
+    for algorithm in ("recursive_doubling", "rabenseifner"):
+        for hosts, per_host in [(2, 4), (2, 3), (3, 2)]:
+            rounds = cost_model.host_rounds(algorithm, placed(consecutive(hosts, per_host)))
+            terms = cost_model.allreduce_terms(algorithm, 1 << 20, hosts * per_host)
+            assert sum(r.sent for r in rounds) * (1 << 20) == pytest.approx(terms.wire_bytes)
+            assert sum(r.reduced for r in rounds) * (1 << 20) == pytest.approx(terms.reduced_bytes)
+            assert len(rounds) == terms.steps
+
+
+def test_torus_row_and_column_phases_add_up_with_one_segment_and_overlap_with_many():
+    link = Link.of(1e9 / 8, 20e-6)
+    placement = placed(consecutive(4, 2))  # 4 x 2 grid: a segment is 2 x 4 x 512 KiB = 4 MiB
+    machine = cost_model.DEFAULT_MACHINE
+    assert cost_model.torus_segments(4 << 20, 2) == 1 and cost_model.torus_segments(64 << 20, 2) == 16
+    assert cost_model.torus_segments(4 << 20, 2, chunk_bytes=128 << 10) == 4
+
+    def phases(nbytes):
+        rows = machine.seconds(cost_model.Terms(2, nbytes, nbytes / 2, 0))  # ring reduce-scatter + allgather over 2
+        column_link = host_pattern("torus", placement, "ring", "columns")
+        assert column_link.link_share == pytest.approx(1.5) and column_link.crossing_steps == 6
+        assert host_pattern("torus", placement, "ring", "rows").link_share == 0
+        columns = max(machine.seconds(cost_model.allreduce_terms("ring", nbytes // 2, 4)),
+                      1.5 * nbytes / link.bandwidth + 6 * link.latency)
+        return rows, columns
+
+    rows, columns = phases(4 << 20)
+    assert cost_model.allreduce_seconds("torus", 4 << 20, 8, (4, 2), placement=placement, link=link) == \
+        pytest.approx(rows + columns)
+    rows, columns = phases(64 << 20)
+    assert cost_model.allreduce_seconds("torus", 64 << 20, 8, (4, 2), placement=placement, link=link) == \
+        pytest.approx(max(rows, columns) + min(rows, columns) / 16)
+
+
+@pytest.mark.parametrize("size", [2, 4, 8, 16])
+def test_one_host_tables_are_unchanged(size):
+    hosts = ["h"] * size
+    grid = choose_grid(size, hosts, None)
+    for environ in ({}, {"TORUS_LINK_BANDWIDTH": "1gbit", "TORUS_LINK_LATENCY": "5ms"}):
+        values = config.resolve(None, environ=environ)
+        for transport in ("tcp", "shm"):
+            assert resolve_tables(values, size, grid, transport, hosts=hosts) == \
+                resolve_tables(values, size, grid, transport)
+    assert placed(hosts) is None
+
+
+def at(table, nbytes):
+    return next(rule.algorithm for rule in table if rule.lo <= nbytes <= rule.hi)
+
+
+def test_across_hosts_auto_counts_the_shared_links():
+    # 1 Gbit/s links (the emulator's): recursive doubling for small messages, then the torus
+    # with several ranks per host (its column phase is all that crosses), the ring with one rank
+    # per host (every algorithm but recursive doubling puts 2S(n-1)/n on each link; ties go to
+    # the ring). Rabenseifner, which one host's model picks for large messages, never.
+    values = config.resolve(None, environ={"TORUS_LINK_BANDWIDTH": "1gbit"})
+    tables = {}
+    for hosts, per_host in [(2, 4), (4, 2), (8, 1)]:
+        placement_hosts = consecutive(hosts, per_host)
+        grid = choose_grid(8, placement_hosts, None)
+        tables[hosts, per_host] = resolve_tables(values, 8, grid, hosts=placement_hosts)["allreduce"]
+        covers_every_size(tables[hosts, per_host])
+        assert at(tables[hosts, per_host], 4096) == "recursive_doubling"
+        for nbytes in (1 << 20, 16 << 20, 64 << 20, 1 << 30):
+            assert at(tables[hosts, per_host], nbytes) != "rabenseifner"
+    for nbytes in (1 << 20, 64 << 20):
+        assert at(tables[2, 4], nbytes) == "torus"
+        assert at(tables[8, 1], nbytes) == "ring"
+    # At 4 x 2 the torus saves 14% of the link's bytes (1.5 S against 1.75 S), but up to 4 MiB it
+    # is a single segment whose row phases do not overlap its column phase: the ring until then.
+    assert at(tables[4, 2], 1 << 20) == "ring" and at(tables[4, 2], 4 << 20) == "ring"
+    assert at(tables[4, 2], 16 << 20) == "torus" and at(tables[4, 2], 64 << 20) == "torus"
+    # Near-ties go to the fewest bytes over the link: at 2 x 4, 256 KiB, ring and torus are
+    # predicted within 1%, and the torus sends 1.0 S over each link against the ring's 1.75 S.
+    assert at(tables[2, 4], 256 << 10) == "torus"
+
+
+def test_slower_links_move_large_messages_to_fewer_link_bytes():
+    hosts = consecutive(2, 4)
+    grid = choose_grid(8, hosts, None)
+    table = resolve_tables(config.resolve(None, environ={"TORUS_LINK_BANDWIDTH": "100mbit"}), 8, grid,
+                           hosts=hosts)["allreduce"]
+    assert at(table, 1 << 20) == "torus" and at(table, 1 << 30) == "torus"

@@ -40,7 +40,7 @@ def group_config(values: dict, size: int, hosts: list[str], address: str = "127.
     grid = choose_grid(size, hosts, values["torus_dims"])
     transport = choose_transport(values["transport"], hosts)
     tuned = tuned_allreduce(values["tuning_file"], hosts, grid, entries=tuning)
-    tables = resolve_tables(values, size, grid, transport, tuned_allreduce=tuned)
+    tables = resolve_tables(values, size, grid, transport, tuned_allreduce=tuned, hosts=hosts)
     config = _C.TorusConfig()
     config.transport = transport
     config.address = address
@@ -75,8 +75,12 @@ def _create_backend(dist_options, pg_options) -> _C.ProcessGroupTorus:
     name = dist_options.group_id or ""
     if config.log_level >= 1 and rank == 0:
         layout = f"torus grid {grid}" if grid else f"no torus grid for {size} ranks: torus runs as ring"
+        model = "the cost model"
+        if len(set(hosts)) > 1:
+            model += (f" with host links of {values['link_bandwidth'] * 8 / 1e9:g} Gbit/s, "
+                      f"{values['link_latency'] * 1e6:g} us")
         print(f"[torus rank 0] group '{name}': {size} ranks on {len(set(hosts))} host(s) over {transport}, {layout}; "
-              f"auto allreduce from {values['tuning_file'] if tuned else 'the cost model'}; "
+              f"auto allreduce from {values['tuning_file'] if tuned else model}; "
               f"algorithms {describe(tables)}", file=sys.stderr, flush=True)
     return _C.ProcessGroupTorus(store, rank, size, dist_options.timeout, config, name)
 

@@ -17,6 +17,7 @@ from __future__ import annotations
 import fcntl
 import os
 import re
+from decimal import Decimal
 import socket
 import struct
 from dataclasses import dataclass
@@ -101,6 +102,37 @@ def _printable(what: str) -> Callable[[str], str]:
         return value
 
     return parse
+
+
+_BIT_RATES = {"bit": 1, "kbit": 1e3, "mbit": 1e6, "gbit": 1e9, "tbit": 1e12}
+_PER_SECOND = {"s": 1, "ms": 1e3, "us": 1e6, "ns": 1e9}
+
+
+def parse_bit_rate(text: str) -> float:
+    """'10gbit', '1Gbit/s', '300mbit' (decimal, as tc and NICs name rates) -> bytes per second."""
+    match = re.fullmatch(r"\s*(\d+(?:\.\d*)?|\.\d+)\s*([kmgt]?bit)(?:/s|ps)?\s*", str(text), re.IGNORECASE)
+    if not match:
+        raise ValueError("expected a rate such as 10gbit, 100mbit or 1.5gbit (bits per second)")
+    value = float(match.group(1)) * _BIT_RATES[match.group(2).lower()] / 8
+    if value <= 0:
+        raise ValueError("must be greater than zero")
+    return value
+
+
+def render_bit_rate(value: float) -> str:
+    return f"{format(Decimal(repr(value * 8)), 'f')}bit"
+
+
+def parse_duration(text: str) -> float:
+    """'20us', '1.5ms', '0' -> seconds."""
+    match = re.fullmatch(r"\s*(\d+(?:\.\d*)?|\.\d+)\s*(s|ms|us|ns)?\s*", str(text), re.IGNORECASE)
+    if not match or (match.group(2) is None and float(match.group(1)) != 0):
+        raise ValueError("expected a duration such as 20us, 1.5ms or 0 (units s, ms, us, ns)")
+    return float(match.group(1)) / _PER_SECOND[(match.group(2) or "s").lower()]
+
+
+def render_duration(seconds: float) -> str:
+    return f"{format(Decimal(repr(seconds)), 'f')}s"
 
 
 @dataclass(frozen=True)
@@ -267,6 +299,23 @@ SETTINGS: tuple[Setting, ...] = (
         "Tuning file written by `python -m torch_torus.tune`; auto takes its allreduce table when "
         "an entry matches the group (world size, torus grid, ranks per host), else the cost model. "
         "Empty: the cost model.",
+    ),
+    Setting(
+        "TORUS_LINK_BANDWIDTH",
+        "10gbit",
+        parse_bit_rate,
+        "Rate of each host's network link, each direction (e.g. 10gbit, 100gbit, 1gbit), for auto's "
+        "cost model when a group spans several hosts: the bytes that cross a host's link, over "
+        "this rate, bound each allreduce algorithm's time. One host: unused.",
+        render_bit_rate,
+    ),
+    Setting(
+        "TORUS_LINK_LATENCY",
+        "20us",
+        parse_duration,
+        "Time a message takes from host to host (e.g. 20us, 2ms), charged per step of an allreduce "
+        "in which some message crosses hosts, in auto's cost model. One host: unused.",
+        render_duration,
     ),
     Setting(
         "TORUS_LOG_LEVEL",

@@ -5,7 +5,7 @@ thresholds for the others)."""
 from __future__ import annotations
 
 from .config import ALGORITHMS, MAX_BYTES, SHARED_MEMORY_ALGORITHMS, Rule
-from .cost_model import MACHINES, Machine, auto_allreduce_rules
+from .cost_model import DEFAULT_CHUNK_BYTES, HOST_LINK, MACHINES, Link, Machine, Placement, auto_allreduce_rules
 from .topology import Grid
 
 # Automatic choice for the collectives without a cost model yet: a latency-bound algorithm for
@@ -29,11 +29,22 @@ def allreduce_candidates(grid: Grid | None, transport: str = "tcp") -> tuple[str
     return tuple(sorted(usable, key=lambda a: a not in SHARED_MEMORY_ALGORITHMS))
 
 
+def placement_of(hosts: list[str] | None, grid: Grid | None) -> Placement | None:
+    """The cost model's view of where a group's ranks live (None: all on one host, or unknown)."""
+    if hosts is None or len(set(hosts)) < 2:
+        return None
+    return Placement(tuple(hosts), grid.rows if grid else None)
+
+
 def auto_rules(collective: str, size: int, grid: Grid | None, inner: str, transport: str = "tcp",
-               machine: Machine | None = None) -> tuple[Rule, ...]:
+               machine: Machine | None = None, hosts: list[str] | None = None,
+               link: Link = HOST_LINK, chunk_bytes: int = DEFAULT_CHUNK_BYTES) -> tuple[Rule, ...]:
+    """`hosts`: each rank's host identity; when they differ, allreduce's cost model counts the
+    bytes over each host's `link` (and the torus's segments of `chunk_bytes` chunks)."""
     if collective == "allreduce":
         return auto_allreduce_rules(size, allreduce_candidates(grid, transport), grid.shape if grid else None,
-                                    inner, machine or MACHINES[transport])
+                                    inner, machine or MACHINES[transport], placement_of(hosts, grid), link,
+                                    chunk_bytes)
     return _AUTO_THRESHOLDS[collective]
 
 
@@ -59,15 +70,23 @@ def overlay(user: tuple[Rule, ...], automatic: tuple[Rule, ...]) -> tuple[Rule, 
     return tuple(merged)
 
 
+def link_of(values: dict) -> Link:
+    """The host link TORUS_LINK_BANDWIDTH and TORUS_LINK_LATENCY describe."""
+    return Link.of(values["link_bandwidth"], values["link_latency"])
+
+
 def resolve_tables(values: dict, size: int, grid: Grid | None, transport: str = "tcp",
                    machine: Machine | None = None,
-                   tuned_allreduce: tuple[Rule, ...] | None = None) -> dict[str, tuple[Rule, ...]]:
+                   tuned_allreduce: tuple[Rule, ...] | None = None,
+                   hosts: list[str] | None = None) -> dict[str, tuple[Rule, ...]]:
     """Per collective, rules covering every size from 0 to max. `tuned_allreduce` (a tuning
-    file's table for this group) replaces the cost model as allreduce's automatic choice."""
+    file's table for this group) replaces the cost model as allreduce's automatic choice.
+    `hosts`, each rank's host identity, lets the cost model count bytes over host links."""
     def automatic(collective: str) -> tuple[Rule, ...]:
         if collective == "allreduce" and tuned_allreduce is not None:
             return tuned_allreduce
-        return auto_rules(collective, size, grid, values["torus_inner"], transport, machine)
+        return auto_rules(collective, size, grid, values["torus_inner"], transport, machine, hosts,
+                          link_of(values), values["chunk_bytes"])
 
     return {collective: overlay(values[collective], automatic(collective)) for collective in ALGORITHMS}
 
