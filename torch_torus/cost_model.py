@@ -377,8 +377,8 @@ def allreduce_seconds(algorithm: str, nbytes: int, n: int, grid_shape: tuple[int
 # bytes, not how steadily they flow: the ring keeps one TCP stream per link direction busy for
 # the whole call, the others run several streams at once or switch peers between dependent
 # rounds. With one rank per host, where ring, torus, direct and rabenseifner all put 2S(n-1)/n
-# on each link, the emulated cluster measured the ring 1.07-1.26x faster than each of them at
-# 16 and 64 MiB (BENCHMARKS.md, multi-host). 3% rather than 5%: at 4 hosts x 2 ranks, 4 MiB, the
+# on each link, the emulated cluster measured the ring 1.07-1.43x faster than each of them at
+# 16 and 64 MiB in four runs (BENCHMARKS.md, multi-host). 3% rather than 5%: at 4 hosts x 2 ranks, 4 MiB, the
 # one-segment torus is predicted 4% behind the ring and measured 0-10% behind.
 LINK_TIE = 0.03
 
