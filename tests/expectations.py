@@ -93,6 +93,65 @@ GAPS: List[Gap] = [
                "waiting 3000ms for recv operation\"), not a DistBackendError naming the "
                "collective",
         observed=r"not DistBackendError|does not name the collective"),
+    # ------------------------------------------------- timeouts (test_timeouts.py), gloo
+    Gap("gloo", ("timeouts.*.raises_dist_backend_error", "timeouts.*.names_sequence_number",
+                 "timeouts.*.names_absent_rank", "timeouts.all_reduce.*.names_collective",
+                 "timeouts.broadcast.names_collective", "timeouts.all_gather.names_collective",
+                 "timeouts.barrier.names_collective", "timeouts.work_wait_timeout.names_collective"),
+        reason="gloo times out with a plain RuntimeError from its transport (\"Timed out waiting 2000ms "
+               "for recv operation to complete\"; Work.wait(timeout): \"Operation timed out!\") that names "
+               "no collective (send and recv say \"send/recv operation\"), sequence number or rank; it does "
+               "fail fast afterwards (\"Application timeout caused pair closure\")",
+        observed=r"not DistBackendError|does not name"),
+    # ------------------------------------------- bad arguments (test_bad_arguments.py), gloo
+    Gap("gloo", ("bad_args.*.band_float", "bad_args.all_reduce.premul_sum_int", "bad_args.all_reduce.uint16",
+                 "bad_args.all_reduce.avg_int"),
+        reason="gloo checks the (op, dtype) pair and the dtype only once the collective is queued: the "
+               "caller raises (naming the op but not the dtype, or for AVG on integers only \"result type "
+               "Float can't be cast\", after writing the tensor), and its group is out of step: the next "
+               "collective times out or the process dies",
+        observed=r"after the bad call failed|does not name the argument|changed the tensor|died|the case failed"),
+    Gap("gloo", ("bad_args.*overlapping*",),
+        reason="gloo accepts an output whose elements share memory (expand()): it runs the collective, "
+               "then fails writing the result (\"more than one element of the written-to tensor refers "
+               "to a single memory location\") or corrupts it, and the group is out of step or the "
+               "process dies",
+        observed=r"was accepted|changed the tensor|single memory location|after the bad call|the case failed"),
+    Gap("gloo", ("bad_args.recv.overlapping", "bad_args.irecv.overlapping"),
+        reason="gloo refuses every non-contiguous receive buffer (\"input tensor has to be contiguous\"), "
+               "an expanded one included, without saying that its elements share memory",
+        observed=r"input tensor has to be contiguous"),
+    Gap("gloo", ("bad_args.all_to_all_single.splits_*", "bad_args.all_to_all_single.negative_split",
+                 "bad_args.all_to_all_single.not_divisible"),
+        reason="gloo checks all_to_all_single's split sizes only once the collective is queued: the caller "
+               "raises (\"Split sizes doesn't match total dim 0 size\", or a bare enforce failure), and its "
+               "group is out of step afterwards",
+        observed=r"after the bad call failed|does not name the argument|the case failed"),
+    Gap("gloo", ("bad_args.reduce_scatter.wrong_size",),
+        reason="gloo's reduce_scatter size check is a bare CHECK (\"outputs[0].sizes().vec() == "
+               "inputs[0][i].sizes().vec() (4 vs. 5)\") that names no index",
+        observed=r"does not name the argument.*Check failed"),
+    Gap("gloo", ("bad_args.all_reduce.timeout_negative", "bad_args.barrier.timeout_*"),
+        reason="gloo takes a zero or negative per-call timeout as given: the call times out at once "
+               "(\"Timed out waiting -1000ms for recv\") and closes its connections, breaking the group",
+        observed=r"does not name the argument.*Timed out waiting|after the bad call failed"),
+    Gap("gloo", ("bad_args.all_reduce.sparse",),
+        reason="gloo all-reduces sparse tensors (a feature, so not a bad argument there): the caller alone "
+               "waits for its peers",
+        observed=r"the case failed.*HUNG"),
+    Gap("gloo", ("bad_args.send.dst_*", "bad_args.isend.dst_too_big", "bad_args.recv.src_too_big",
+                 "bad_args.irecv.src_too_big", "bad_args.batch_isend_irecv.peer_too_big"),
+        reason="gloo does not check a send's dst or a receive's src against the group: it waits in the "
+               "store for a rank that does not exist (until the group's timeout)",
+        observed=r"the case failed.*HUNG"),
+    Gap("gloo", ("bad_args.send.uint16",),
+        reason="gloo sends any dtype (uint16 is fine for a byte copy), and its send waits for the "
+               "receiver, which here never comes",
+        observed=r"the case failed.*HUNG"),
+    Gap("gloo", ("bad_args.batch_isend_irecv.bad_second_op",),
+        reason="as torus: without coalescing, torch posts a batch's ops one by one, so the good isend "
+               "before the refused op has gone out",
+        observed=r"the case failed.*HUNG|ring (irecv|isend|receive)|after the bad call failed"),
     Gap("gloo", ("torus.*",), skip=True,
         reason="torch_torus.Options / TORUS_* settings are specific to the torus backend"),
 ]
