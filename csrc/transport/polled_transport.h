@@ -4,6 +4,9 @@
 #pragma once
 
 #include <condition_variable>
+#include <deque>
+#include <map>
+#include <memory>
 #include <mutex>
 #include <string>
 #include <vector>
@@ -44,6 +47,34 @@ struct PendingOp : Request {
   // the message belongs to the same call and fits; otherwise fails the receive with kMismatch.
   bool accepts(int peer, const CallSignature& theirCall, size_t theirBytes);
 };
+
+// Fails the receives of `tag` in `queues` (posted receives by tag, of either transport) whose call
+// disagrees with `call`, which `sender` runs there, and removes them so that no later message
+// lands in their buffers; true when one failed.
+template <typename Op>
+bool failDisagreeingIn(std::map<uint64_t, std::deque<std::shared_ptr<Op>>>& queues, int sender, uint64_t tag,
+                       const CallSignature& call) {
+  auto it = queues.find(tag);
+  if (it == queues.end()) {
+    return false;
+  }
+  bool failed = false;
+  auto& ops = it->second;
+  for (auto op = ops.begin(); op != ops.end();) {
+    if ((*op)->call.agreesWith(call)) {
+      ++op;
+      continue;
+    }
+    (*op)->fail(CommError::Kind::kMismatch, "rank " + std::to_string(sender) + " runs a different call");
+    (*op)->mismatch = CallMismatch{sender, tag, (*op)->call, call};
+    op = ops.erase(op);
+    failed = true;
+  }
+  if (ops.empty()) {
+    queues.erase(it);
+  }
+  return failed;
+}
 
 // "receive of 4000 bytes from rank 1, send of ..." for the requests not yet complete.
 std::string describePending(const std::vector<RequestPtr>& requests);

@@ -518,33 +518,12 @@ void TcpTransport::deliver(Pair& pair, uint64_t tag, const CallSignature& call, 
 
 bool TcpTransport::failDisagreeing(int sender, uint64_t tag, const CallSignature& call) {
   bool failed = false;
-  auto check = [&](std::map<uint64_t, std::deque<std::shared_ptr<Op>>>& queues) {
-    auto it = queues.find(tag);
-    if (it == queues.end()) {
-      return;
-    }
-    auto& ops = it->second;
-    for (auto op = ops.begin(); op != ops.end();) {
-      if ((*op)->call.agreesWith(call)) {
-        ++op;
-        continue;
-      }
-      (*op)->fail(CommError::Kind::kMismatch, "rank " + std::to_string(sender) + " runs a different call");
-      (*op)->mismatch = CallMismatch{sender, tag, (*op)->call, call};
-      op = ops.erase(op); // no later message may land in its buffer
-      failed = true;
-    }
-    if (ops.empty()) {
-      queues.erase(it);
-    }
-  };
   for (auto& pair : pairs_) {
     if (pair) {
-      check(pair->posted);
+      failed |= failDisagreeingIn(pair->posted, sender, tag, call);
     }
   }
-  check(anyPeerReceives_);
-  return failed;
+  return failDisagreeingIn(anyPeerReceives_, sender, tag, call) || failed;
 }
 
 bool TcpTransport::checkHeldCalls() {
