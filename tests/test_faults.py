@@ -151,8 +151,9 @@ def _run_kind(kind: str, rank: int, world_size: int) -> None:
         raise ValueError(kind)
 
 
-def _killed_rank(rank, world_size, path, transport, kind, victim, queue, done):
+def _killed_rank(rank, world_size, path, transport, kind, victim, queue, done, allreduce):
     os.environ["TORUS_TRANSPORT"] = transport
+    os.environ["TORUS_ALLREDUCE"] = allreduce
     if transport == "auto":
         # Ranks 0 and 1 share a host, rank 2 has one of its own: auto runs shm+tcp.
         os.environ["TORUS_HOST_ID"] = f"host-{rank // 2}"
@@ -197,12 +198,20 @@ def test_killed_rank_fails_the_others_across_hosts(tmp_path, kind, victim):
     _killed_rank_fails_the_others(tmp_path, "auto", kind, victim)
 
 
-def _killed_rank_fails_the_others(tmp_path, transport, kind, victim):
+@pytest.mark.parametrize("allreduce", ["ring", "one_shot", "two_shot"])
+def test_killed_rank_fails_the_others_in_each_shm_allreduce(tmp_path, allreduce):
+    """The shared-memory allreduces wait on postings and deliveries, not messages: a dead rank
+    must fail those waits too."""
+    _killed_rank_fails_the_others(tmp_path, "shm", "all_reduce", victim=2, allreduce=allreduce)
+
+
+def _killed_rank_fails_the_others(tmp_path, transport, kind, victim, allreduce="auto"):
     world_size = 3
     context = multiprocessing.get_context("spawn")
     queue, done = context.Queue(), context.Event()
     procs = [context.Process(target=_killed_rank,
-                             args=(r, world_size, str(tmp_path / "store"), transport, kind, victim, queue, done))
+                             args=(r, world_size, str(tmp_path / "store"), transport, kind, victim, queue, done,
+                                   allreduce))
              for r in range(world_size)]
     for p in procs:
         p.start()

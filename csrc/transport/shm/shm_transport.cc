@@ -10,6 +10,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <numeric>
 #include <cerrno>
 #include <climits>
 #include <cstring>
@@ -210,9 +211,7 @@ ShmTransport::ShmTransport(int rank, int size, Rendezvous& rendezvous, std::vect
     : rank_(rank), size_(size), self_(std::make_unique<Segment>()), peers_(static_cast<size_t>(size)) {
   if (members.empty()) {
     members.resize(static_cast<size_t>(size));
-    for (int r = 0; r < size; ++r) {
-      members[static_cast<size_t>(r)] = r;
-    }
+    std::iota(members.begin(), members.end(), 0);
   }
   spansGroup_ = static_cast<int>(members.size()) == size;
   connectAll(rendezvous, members);
@@ -324,7 +323,7 @@ RequestPtr ShmTransport::isend(int peer, uint64_t tag, const CallSignature& call
   std::lock_guard<std::mutex> lock(mutex_);
   Peer& p = *peers_[peer];
   const bool singleCopy = p.readsSingleCopy && nbytes > kSingleCopyBytes;
-  op->header = MessageHeader{tag,  nbytes, singleCopy ? reinterpret_cast<uint64_t>(buf) : 0,
+  op->header = MessageHeader{tag, nbytes, singleCopy ? reinterpret_cast<uint64_t>(buf) : 0,
                              singleCopy ? ++p.nextSequence : 0, call, singleCopy ? kSingleCopy : kEager};
   if (!abortReason_.empty()) {
     op->fail(CommError::Kind::kAborted, abortReason_);
