@@ -427,6 +427,7 @@ ProcessGroupTorus::ProcessGroupTorus(const c10::intrusive_ptr<c10d::Store>& stor
   std::iota(members.begin(), members.end(), 0);
   traffic_ = std::make_shared<TrafficCounters>(std::move(sameHost));
   comm_ = std::make_unique<Comm>(transport_, std::move(members), rank, traffic_);
+  arrivals_ = std::make_unique<ArrivalBoard>(store, rank, size);
   worker_ = std::thread(&ProcessGroupTorus::runWorker, this);
   if (config_.logLevel >= 1 && rank == 0) {
     std::ostringstream line;
@@ -534,9 +535,10 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupTorus::enqueue(c10d::OpType type, con
   std::unique_lock<std::mutex> lock(mutex_);
   TORCH_CHECK(!stopping_, "torus: ", title, " called on a process group that has been shut down or aborted");
   uint64_t seq = ++issued_;
-  auto work = c10::make_intrusive<TorusWork>(rank_, type, title, std::move(outputs), seq, std::move(inputs));
   std::ostringstream context;
   context << title << " #" << seq << " (rank " << rank_ << " of " << size_ << ", group '" << groupName_ << "')";
+  auto work =
+      c10::make_intrusive<TorusWork>(rank_, type, title, std::move(outputs), seq, std::move(inputs), context.str());
   queue_.push_back(Job{work, context.str(), timeoutOf(timeout), call, std::move(body)});
   lock.unlock();
   queueChanged_.notify_one();
@@ -581,7 +583,9 @@ void ProcessGroupTorus::runWorker() {
         comm_->setDeadline(Clock::now() + job.timeout);
         const uint64_t seq = job.work->getSequencenumber();
         recentCalls_[seq % recentCalls_.size()] = {seq, job.call};
+        arrivals_->entered(seq, job.timeout);
         job.body(*comm_);
+        arrivals_->left();
         if (auto stray = transport_->strayMessage(seq)) {
           const auto& [callSeq, call] = recentCalls_[stray->tag % recentCalls_.size()];
           throw CommError(CommError::Kind::kMismatch, "stray message",
@@ -589,7 +593,13 @@ void ProcessGroupTorus::runWorker() {
                                        stray->call});
         }
       } catch (const CommError& e) {
+        arrivals_->left();
         std::string what = e.what();
+        if (e.kind() == CommError::Kind::kTimeout) {
+          if (auto missing = arrivals_->notReached(job.work->getSequencenumber())) {
+            what += "; " + describeNotReached(*missing, "#" + std::to_string(job.work->getSequencenumber()));
+          }
+        }
         if (e.mismatch()) {
           const CallMismatch& mismatch = *e.mismatch();
           what = "ranks called different collectives";
@@ -606,6 +616,7 @@ void ProcessGroupTorus::runWorker() {
         // the scratch; end them all before those are freed or reused.
         transport_->abort(failure_);
       } catch (...) {
+        arrivals_->left();
         error = asTorchError(std::current_exception(), job.context);
       }
     }

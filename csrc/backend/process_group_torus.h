@@ -19,6 +19,7 @@
 #include <torch/csrc/distributed/c10d/Backend.hpp>
 #include <torch/csrc/distributed/c10d/Store.hpp>
 
+#include "backend/arrival_board.h"
 #include "backend/torus_work.h"
 #include "collectives/allreduce.h"
 #include "collectives/blocks.h"
@@ -194,6 +195,7 @@ class ProcessGroupTorus : public c10d::Backend {
   std::shared_ptr<Transport> transport_;
   std::shared_ptr<TrafficCounters> traffic_;
   std::unique_ptr<Comm> comm_;
+  std::unique_ptr<ArrivalBoard> arrivals_;
   Chunking chunking_;
   Scratch scratch_;
 

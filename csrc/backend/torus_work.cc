@@ -29,30 +29,39 @@ std::exception_ptr asTorchError(std::exception_ptr error, const std::string& con
 }
 
 TorusWork::TorusWork(int rank, c10d::OpType opType, const char* profilingTitle, std::vector<at::Tensor> outputs,
-                     uint64_t seq, const std::optional<std::vector<at::Tensor>>& inputs)
+                     uint64_t seq, const std::optional<std::vector<at::Tensor>>& inputs, std::string context)
     : c10d::Work(rank, opType, profilingTitle, inputs),
       outputs_(std::move(outputs)),
       future_(makeTensorListFuture()),
-      seq_(seq) {}
+      seq_(seq),
+      context_(std::move(context)) {}
 
 bool TorusWork::wait(std::chrono::milliseconds timeout) {
   const auto spinUntil = Clock::now() + kSpinBeforeSleep;
-  while (!completed_.load(std::memory_order_acquire) && Clock::now() < spinUntil) {
+  while (!done_.load(std::memory_order_acquire) && Clock::now() < spinUntil) {
     std::this_thread::yield();
   }
-  return c10d::Work::wait(timeout);
+  if (timeout != kNoTimeout) {
+    std::unique_lock<std::mutex> lock(mutex_);
+    if (!cv_.wait_for(lock, timeout, [&] { return completed_; })) {
+      C10_THROW_ERROR(DistBackendError, context_ + ": Work.wait timed out after " +
+                                            std::to_string(timeout.count()) +
+                                            " ms (the collective goes on, bounded by its own timeout)");
+    }
+  }
+  return c10d::Work::wait(kNoTimeout);
 }
 
 void TorusWork::complete() {
   future_->markCompleted(c10::IValue(outputs_));
   finish();
-  completed_.store(true, std::memory_order_release);
+  done_.store(true, std::memory_order_release);
 }
 
 void TorusWork::fail(std::exception_ptr error) {
   future_->setError(error);
   finish(error);
-  completed_.store(true, std::memory_order_release);
+  done_.store(true, std::memory_order_release);
 }
 
 TorusP2PWork::TorusP2PWork(int rank, c10d::OpType opType, const char* profilingTitle,

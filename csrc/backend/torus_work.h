@@ -22,7 +22,7 @@ std::exception_ptr asTorchError(std::exception_ptr error, const std::string& con
 class TorusWork : public c10d::Work {
  public:
   TorusWork(int rank, c10d::OpType opType, const char* profilingTitle, std::vector<at::Tensor> outputs,
-            uint64_t seq, const std::optional<std::vector<at::Tensor>>& inputs);
+            uint64_t seq, const std::optional<std::vector<at::Tensor>>& inputs, std::string context);
 
   std::vector<at::Tensor> result() override {
     return outputs_;
@@ -35,6 +35,8 @@ class TorusWork : public c10d::Work {
   }
   // Spins briefly (yielding) before sleeping: small collectives finish within microseconds, and
   // a sleep on the condition variable would cost a wake-up, many more on an oversubscribed host.
+  // A `timeout` that passes raises DistBackendError naming the collective; the collective itself
+  // goes on, bounded by its own timeout.
   bool wait(std::chrono::milliseconds timeout) override;
 
   // Called once by the worker thread.
@@ -45,7 +47,8 @@ class TorusWork : public c10d::Work {
   std::vector<at::Tensor> outputs_;
   c10::intrusive_ptr<c10::ivalue::Future> future_;
   const uint64_t seq_;
-  std::atomic<bool> completed_{false};
+  const std::string context_;
+  std::atomic<bool> done_{false};
 };
 
 class TorusP2PWork : public c10d::Work {

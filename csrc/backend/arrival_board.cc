@@ -1,0 +1,100 @@
+#include "backend/arrival_board.h"
+
+#include <algorithm>
+#include <sstream>
+
+namespace torus {
+
+namespace {
+
+constexpr std::chrono::milliseconds kMaxPublishDelay{1000};
+constexpr size_t kRanksNamed = 16;
+
+} // namespace
+
+ArrivalBoard::ArrivalBoard(c10::intrusive_ptr<c10d::Store> store, int rank, int size)
+    : store_(std::move(store)), rank_(rank), size_(size), thread_(&ArrivalBoard::run, this) {}
+
+ArrivalBoard::~ArrivalBoard() {
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    stopping_ = true;
+  }
+  changed_.notify_all();
+  thread_.join();
+}
+
+std::string ArrivalBoard::keyOf(int rank) const {
+  return "torus/reached/" + std::to_string(rank);
+}
+
+void ArrivalBoard::entered(uint64_t seq, std::chrono::milliseconds timeout) {
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    current_ = seq;
+    publishAt_ = std::chrono::steady_clock::now() + std::min(kMaxPublishDelay, timeout / 4);
+  }
+  changed_.notify_all();
+}
+
+void ArrivalBoard::left() {
+  std::lock_guard<std::mutex> lock(mutex_);
+  current_ = 0;
+}
+
+void ArrivalBoard::run() {
+  std::unique_lock<std::mutex> lock(mutex_);
+  uint64_t published = 0;
+  while (!stopping_) {
+    if (current_ == 0 || current_ == published) {
+      changed_.wait(lock);
+      continue;
+    }
+    const uint64_t seq = current_;
+    if (changed_.wait_until(lock, publishAt_, [&] { return stopping_ || current_ != seq; })) {
+      continue;
+    }
+    published = seq;
+    lock.unlock();
+    try {
+      store_->set(keyOf(rank_), std::to_string(seq));
+    } catch (const std::exception&) {
+      // A store that is gone leaves timeout errors without the missing ranks; nothing else needs it.
+    }
+    lock.lock();
+  }
+}
+
+std::optional<std::vector<int>> ArrivalBoard::notReached(uint64_t seq) const {
+  std::vector<int> missing;
+  try {
+    for (int rank = 0; rank < size_; ++rank) {
+      // add(key, 0) reads a number without blocking: an absent key reads as 0.
+      if (rank != rank_ && static_cast<uint64_t>(store_->add(keyOf(rank), 0)) < seq) {
+        missing.push_back(rank);
+      }
+    }
+  } catch (const std::exception&) {
+    return std::nullopt;
+  }
+  return missing;
+}
+
+std::string describeNotReached(const std::vector<int>& ranks, const std::string& collective) {
+  std::ostringstream out;
+  if (ranks.empty()) {
+    out << "every rank had reached " << collective;
+    return out.str();
+  }
+  out << (ranks.size() == 1 ? "rank " : "ranks ");
+  for (size_t i = 0; i < ranks.size() && i < kRanksNamed; ++i) {
+    out << (i ? ", " : "") << ranks[i];
+  }
+  if (ranks.size() > kRanksNamed) {
+    out << " and " << ranks.size() - kRanksNamed << " more";
+  }
+  out << " had not reached " << collective;
+  return out.str();
+}
+
+} // namespace torus
