@@ -559,16 +559,16 @@ def measure_size(count: int, collective: Collective, args: argparse.Namespace,
     size_bytes = collective.size_bytes(count, dtype.itemsize)
     buffers = collective.allocate(count, dtype, device)  # shared by all contenders at this size
 
-    seconds, wrong = [], []
-    for contender in contenders:
-        call = contender.bind(collective, buffers, args.op)
-        seconds.append(time_contender(collective, buffers, call, pattern, args, bootstrap,
-                                      synchronize))
-        if args.check:
-            wrong.append(check_contender(collective, buffers, count, call, pattern, synchronize))
-    # The slowest rank sets the time, as in nccl-tests; wrong elements add up over ranks.
-    seconds_tensor = torch.tensor(seconds, dtype=torch.float64)
-    dist.all_reduce(seconds_tensor, op=dist.ReduceOp.MAX, group=bootstrap)
+    calls = [contender.bind(collective, buffers, args.op) for contender in contenders]
+    seconds = [[time_contender(collective, buffers, call, pattern, args, bootstrap, synchronize)
+                for call in calls] for _ in range(args.rounds)]
+    wrong = [check_contender(collective, buffers, count, call, pattern, synchronize)
+             for call in calls] if args.check else []
+    # The slowest rank sets a round's time, as in nccl-tests; the best round counts (other work
+    # on the machine only ever adds time); wrong elements add up over ranks.
+    per_round = torch.tensor(seconds, dtype=torch.float64)
+    dist.all_reduce(per_round, op=dist.ReduceOp.MAX, group=bootstrap)
+    seconds_tensor = per_round.min(dim=0).values
     if args.check:
         wrong_tensor = torch.tensor(wrong, dtype=torch.int64)
         dist.all_reduce(wrong_tensor, group=bootstrap)
@@ -661,7 +661,8 @@ def header(collective: Collective, args: argparse.Namespace, hostnames: list[str
         f"# torch_torus.bench: {collective.name}, {args.dtype}, redop {op}, device {args.device}",
         f"# {describe_hosts(hostnames)}",
         f"# {args.iters} timed calls after {args.warmup} warmup calls per size and contender, each "
-        "call waited for before the next",
+        "call waited for before the next" + (
+            f"; {args.rounds} rounds of every contender in turn, the best round counts" if args.rounds > 1 else ""),
         f"# time = mean per call, slowest rank; algbw = size / time; "
         f"busbw = algbw * {collective.bus_factor_doc} (n = {collective.world_size})",
         f"# torch {torch.__version__}" + (
@@ -726,6 +727,7 @@ def write_json(path: str, collective: Collective, args: argparse.Namespace, host
         "hosts": dict(Counter(hostnames)),
         "iters": args.iters,
         "warmup": args.warmup,
+        "rounds": args.rounds,
         "torch_version": torch.__version__,
         "contenders": [{"label": c.label, "backend": c.backend, "options": c.options,
                         "library": c.library} for c in args.contenders],
@@ -807,6 +809,10 @@ def build_parser() -> argparse.ArgumentParser:
                         help="timed calls per size and contender (default: %(default)s)")
     parser.add_argument("-w", "--warmup", type=int, default=5,
                         help="untimed calls before them (default: %(default)s)")
+    parser.add_argument("-R", "--rounds", type=int, default=1,
+                        help="rounds per size: each round times every contender in turn, and a "
+                             "contender's time is its best round's, so that drift of a shared "
+                             "machine hits every contender alike (default: %(default)s)")
     parser.add_argument(
         "--backends", "--backend", dest="backends", action="append", metavar="SPEC",
         help="contenders to compare, separated by ',' or ';' or given by repeating the flag. "
@@ -844,8 +850,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         parser.error("--min-bytes is larger than --max-bytes")
     if args.factor < 2:
         parser.error("--factor must be at least 2")
-    if args.iters < 1 or args.warmup < 0:
-        parser.error("--iters must be at least 1 and --warmup at least 0")
+    if args.iters < 1 or args.warmup < 0 or args.rounds < 1:
+        parser.error("--iters and --rounds must be at least 1 and --warmup at least 0")
     if args.op == "avg" and not DTYPES[args.dtype].is_floating_point:
         parser.error("--op avg needs a floating --dtype")
     if any(contender.backend == MPI_CONTENDER for contender in args.contenders):
