@@ -35,6 +35,7 @@ def test_rounds_time_every_contender_in_turn_and_report_the_best(tmp_path):
     assert process.returncode == 0, output
     assert "3 rounds of every contender in turn, the best round counts" in output, output
     assert "# Out of bounds values : 0 OK" in output, output
+    assert "options: allreduce=ring, over shm" in output, output  # 2 ranks on one host: auto takes shm
     document = json.loads(json_path.read_text())
     assert document["rounds"] == 3
     rows = document["rows"]

@@ -25,7 +25,7 @@ import pytest
 
 import harness
 import torch_torus
-from torch_torus import config
+from torch_torus import config, tuning
 from torch_torus.config import SETTINGS, ConfigError, MAX_BYTES, shown
 
 BY_NAME = {s.name: s for s in SETTINGS}
@@ -90,10 +90,10 @@ GOOD: dict[str, list[str]] = {
 
 def _tuning_file(tmp_dir: str) -> str:
     path = os.path.join(tmp_dir, "tuning.json")
-    entry = {"world_size": 4, "grid": [2, 2], "ranks_per_host": [4],
+    entry = {"world_size": 4, "grid": [2, 2], "ranks_per_host": [4], "transport": "shm",
              "allreduce": "recursive_doubling:0-65535;ring:65536-max"}
     with open(path, "w") as f:
-        json.dump({"format": "torch_torus tuning", "version": 1, "entries": [entry]}, f)
+        json.dump({"format": tuning.FORMAT, "version": tuning.VERSION, "entries": [entry]}, f)
     return path
 
 

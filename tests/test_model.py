@@ -106,8 +106,8 @@ def test_fit_recovers_figures_from_their_own_predictions(tmp_path):
     times = {a: [allreduce_seconds(truth, a, s, (2, 2) if a == "torus" else None) * 1e6 for s in sizes]
              for a in ALGORITHMS}
     path = tmp_path / "tuning.json"
-    path.write_text(json.dumps({"format": "torch_torus tuning", "version": 1, "entries": [
-        {"world_size": 4, "grid": [2, 2], "ranks_per_host": [4], "allreduce": "ring:0-max",
+    path.write_text(json.dumps({"format": "torch_torus tuning", "version": 2, "entries": [
+        {"world_size": 4, "grid": [2, 2], "ranks_per_host": [4], "transport": "shm", "allreduce": "ring:0-max",
          "measured": {"sizes": sizes, "time_us": times}}]}))
     measurements = model.load_measurements([str(path)])
     assert len(measurements) == len(ALGORITHMS) * len(sizes)

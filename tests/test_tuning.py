@@ -14,7 +14,7 @@ from reference import first_line
 from torch_torus import config, tuning
 from torch_torus.config import MAX_BYTES, ConfigError, Rule
 from torch_torus.selection import allreduce_candidates, resolve_tables
-from torch_torus.topology import choose_grid
+from torch_torus.topology import choose_grid, choose_transport
 
 SIZES = [4096, 65536, 1 << 20, 16 << 20]
 TIMES = {  # microseconds: recursive doubling wins small, rabenseifner at 1M, ring at 16M
@@ -24,9 +24,9 @@ TIMES = {  # microseconds: recursive doubling wins small, rabenseifner at 1M, ri
 }
 
 
-def layout_of(size, hosts=None):
+def layout_of(size, hosts=None, transport=None):
     hosts = hosts or ["h"] * size
-    return tuning.Layout.of(hosts, choose_grid(size, hosts, None))
+    return tuning.Layout.of(hosts, choose_grid(size, hosts, None), transport or choose_transport("auto", hosts))
 
 
 def test_table_takes_each_sizes_winner_and_switches_between_sizes():
@@ -36,9 +36,10 @@ def test_table_takes_each_sizes_winner_and_switches_between_sizes():
 
 
 def test_layout_key_reflects_world_grid_and_hosts():
-    assert layout_of(4) == tuning.Layout(4, (2, 2), (4,))
-    assert layout_of(8, ["a"] * 4 + ["b"] * 4) == tuning.Layout(8, (2, 4), (4, 4))
-    assert layout_of(5) == tuning.Layout(5, None, (5,))
+    assert layout_of(4) == tuning.Layout(4, (2, 2), (4,), "shm")
+    assert layout_of(4, transport="tcp") == tuning.Layout(4, (2, 2), (4,), "tcp")
+    assert layout_of(8, ["a"] * 4 + ["b"] * 4) == tuning.Layout(8, (2, 4), (4, 4), "shm+tcp")
+    assert layout_of(5) == tuning.Layout(5, None, (5,), "shm")
 
 
 def test_round_trip_and_replacement_of_the_same_layout(tmp_path):
@@ -55,15 +56,17 @@ def test_round_trip_and_replacement_of_the_same_layout(tmp_path):
     # The printed range string is a valid TORUS_ALLREDUCE that gives the same table.
     assert config.parse_rules(entries[1].range_string, "allreduce") == entries[1].allreduce
     hosts = ["h"] * 4
-    assert tuning.tuned_allreduce(path, hosts, choose_grid(4, hosts, None)) == entries[1].allreduce
+    assert tuning.tuned_allreduce(path, hosts, choose_grid(4, hosts, None), "shm") == entries[1].allreduce
 
 
 def test_no_file_or_no_matching_entry_leaves_the_cost_model(tmp_path):
     path = str(tmp_path / "tuning.json")
     tuning.write(path, tuning.make_entry(layout_of(4), SIZES, TIMES, {}))
-    assert tuning.tuned_allreduce("", ["h"] * 4, None) is None
+    assert tuning.tuned_allreduce("", ["h"] * 4, None, "shm") is None
     for hosts in (["h"] * 6, ["a", "a", "b", "b"]):  # other world size; other host layout
-        assert tuning.tuned_allreduce(path, hosts, choose_grid(len(hosts), hosts, None)) is None
+        assert tuning.tuned_allreduce(path, hosts, choose_grid(len(hosts), hosts, None), "shm") is None
+    # The same ranks over TCP: the shm table does not apply.
+    assert tuning.tuned_allreduce(path, ["h"] * 4, choose_grid(4, ["h"] * 4, None), "tcp") is None
 
 
 def test_user_rules_win_over_the_tuned_table():
@@ -90,7 +93,7 @@ def valid_document(**changes):
 def test_other_version_is_refused_naming_variable_file_and_versions(tmp_path):
     path = write_json(tmp_path, valid_document(version=tuning.VERSION + 1))
     with pytest.raises(ConfigError) as error:
-        tuning.tuned_allreduce(path, ["h"] * 4, None)
+        tuning.tuned_allreduce(path, ["h"] * 4, None, "shm")
     message = str(error.value)
     assert "TORUS_TUNING_FILE" in message and path in message
     assert f"version {tuning.VERSION + 1}" in message and f"reads version {tuning.VERSION}" in message
@@ -111,6 +114,7 @@ def bad_entry(**changes):
     (valid_document(entries={}), "no \"entries\" list"),
     (bad_entry(world_size="four"), "entry 0 lacks a valid world_size"),
     (bad_entry(ranks_per_host=[2, 1]), "do not add up to world_size 4"),
+    (bad_entry(transport="infiniband"), "transport 'infiniband' is none of tcp, shm, shm+tcp"),
     (bad_entry(allreduce="ring:0-100;warp:101-max"), "unknown algorithm 'warp'"),
     (bad_entry(allreduce="ring:0-100;direct:200-max"), "does not cover every size"),
 ])
@@ -123,7 +127,7 @@ def test_damaged_file_names_variable_file_and_problem(tmp_path, document, needle
 
 def test_missing_file_is_an_error_at_group_creation(tmp_path):
     with pytest.raises(ConfigError, match="cannot be read"):
-        tuning.tuned_allreduce(str(tmp_path / "absent.json"), ["h"] * 4, None)
+        tuning.tuned_allreduce(str(tmp_path / "absent.json"), ["h"] * 4, None, "shm")
 
 
 def test_tuned_table_only_uses_applicable_algorithms():
@@ -153,7 +157,8 @@ def _case_group_takes_tuned_table(ctx, path, expected):
 def test_group_takes_tuned_table(backend, tmp_path):
     expectations.skip_if_not_applicable(backend, "torus.algorithm")
     path = str(tmp_path / "tuning.json")
-    tuning.write(path, tuning.make_entry(layout_of(4), SIZES, TIMES, {}))
+    # The entry is for the transport the group runs over (torus+tcp, torus+shm).
+    tuning.write(path, tuning.make_entry(layout_of(4, transport=backend.partition("+")[2]), SIZES, TIMES, {}))
     expected = {0: "recursive_doubling", 256 << 10: "recursive_doubling", (256 << 10) + 1: "rabenseifner",
                 4 << 20: "rabenseifner", 64 << 20: "ring"}
     harness.check(backend, 4, _case_group_takes_tuned_table, path, expected)

@@ -39,7 +39,7 @@ def group_config(values: dict, size: int, hosts: list[str], address: str = "127.
     entries of the tuning file, read already (tuning.read)."""
     grid = choose_grid(size, hosts, values["torus_dims"])
     transport = choose_transport(values["transport"], hosts)
-    tuned = tuned_allreduce(values["tuning_file"], hosts, grid, entries=tuning)
+    tuned = tuned_allreduce(values["tuning_file"], hosts, grid, transport, entries=tuning)
     tables = resolve_tables(values, size, grid, transport, tuned_allreduce=tuned, hosts=hosts)
     config = _C.TorusConfig()
     config.transport = transport

@@ -104,6 +104,7 @@ class Contender:
     # The mpi contender's communicator (a duplicate of MPI.COMM_WORLD), instead of a group.
     comm: object | None = None
     library: str | None = None  # the mpi contender's: "Open MPI v5.0.11, mpi4py 4.1.2"
+    transport: str | None = None  # a torus contender's group's: "tcp", "shm" or "shm+tcp"
 
     def bind(self, collective: Collective, buffers: Buffers, op: str) -> Callable[[], None]:
         """One call of `collective` on `buffers`, ready to repeat: through torch.distributed on
@@ -675,7 +676,8 @@ def header(collective: Collective, args: argparse.Namespace, hostnames: list[str
             lines.append(f"#   [{index}] {contender.backend:<8} {contender.library}")
             continue
         options = " ".join(f"{key}={value}" for key, value in contender.options.items())
-        lines.append(f"#   [{index}] {contender.backend:<8} options: {options or '(backend defaults)'}")
+        over = f", over {contender.transport}" if contender.transport else ""
+        lines.append(f"#   [{index}] {contender.backend:<8} options: {options or '(backend defaults)'}{over}")
     return lines + ["#"]
 
 
@@ -898,6 +900,10 @@ def main(argv: list[str] | None = None) -> None:
         else:
             contender.group = dist.new_group(backend=contender.backend,
                                              pg_options=contender.pg_options())
+            if contender.backend == "torus":
+                import torch_torus
+
+                contender.transport = torch_torus._torus_backend(contender.group, "bench").config.transport
 
     hostnames: list[str] = [""] * world_size
     dist.all_gather_object(hostnames, socket.gethostname(), group=bootstrap)

@@ -98,9 +98,12 @@ def check_addresses(store, rank: int, size: int, hosts: list[str], address: str,
                 "rendezvous at an address the hosts share (MASTER_ADDR, init_method tcp://)")
 
 
+# What a group runs over: shm+tcp is shared memory inside each host and TCP between hosts.
+GROUP_TRANSPORTS = ("tcp", "shm", "shm+tcp")
+
+
 def choose_transport(setting: str, hosts: list[str]) -> str:
-    """"tcp", "shm" or "shm+tcp" (shared memory inside each host, TCP between hosts) for a group
-    whose ranks live on `hosts`, given TORUS_TRANSPORT."""
+    """One of GROUP_TRANSPORTS for a group whose ranks live on `hosts`, given TORUS_TRANSPORT."""
     one_host = len(set(hosts)) == 1
     if setting == "shm" and not one_host:
         raise ConfigError(

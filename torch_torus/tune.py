@@ -126,8 +126,9 @@ def main(argv: list[str] | None = None) -> None:
     hosts: list[str] = [""] * world_size
     dist.all_gather_object(hosts, values["host_id"] or host_identity(), group=bootstrap)
     grid = choose_grid(world_size, hosts, values["torus_dims"])
-    layout = tuning.Layout.of(hosts, grid)
-    algorithms = allreduce_candidates(grid, choose_transport(values["transport"], hosts))
+    transport = choose_transport(values["transport"], hosts)
+    layout = tuning.Layout.of(hosts, grid, transport)
+    algorithms = allreduce_candidates(grid, transport)
     # Each algorithm fixed for every size; tuning_file="" so that an existing file plays no part.
     groups = {a: dist.new_group(backend="torus", pg_options=Options(allreduce=a, tuning_file=""))
               for a in algorithms}

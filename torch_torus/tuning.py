@@ -1,17 +1,19 @@
 """Tuning files: the allreduce table measured on a running job, for `auto` to use later.
 
 `python -m torch_torus.tune` writes one; TORUS_TUNING_FILE names it. A file holds entries keyed
-by the job's layout: world size, torus grid shape and ranks per host. A group whose layout
-matches an entry takes that entry's table as its automatic allreduce choice; other groups keep
+by the job's layout: world size, torus grid shape, ranks per host and transport. A group whose
+layout matches an entry takes that entry's table as its automatic allreduce choice; other groups keep
 the cost model. User rules (TORUS_ALLREDUCE) still win over both.
 
-    {"format": "torch_torus tuning", "version": 1,
-     "entries": [{"world_size": 4, "grid": [2, 2], "ranks_per_host": [4],
+    {"format": "torch_torus tuning", "version": 2,
+     "entries": [{"world_size": 4, "grid": [2, 2], "ranks_per_host": [4], "transport": "shm",
                   "allreduce": "recursive_doubling:0-262143;ring:262144-max",
                   "measured": {"sizes": [...], "time_us": {"ring": [...], ...}}, ...}]}
 
 The version changes whenever the meaning of a field changes; a file of another version is
 refused rather than guessed at, since a misread table silently slows every step of training.
+Version 2 added the transport: the same 4 ranks rank the algorithms differently over shared
+memory and over TCP.
 """
 
 from __future__ import annotations
@@ -23,10 +25,10 @@ import stat
 from dataclasses import dataclass
 
 from .config import MAX_BYTES, ConfigError, Rule, parse_rules
-from .topology import Grid
+from .topology import GROUP_TRANSPORTS, Grid
 
 FORMAT = "torch_torus tuning"
-VERSION = 1
+VERSION = 2
 VARIABLE = "TORUS_TUNING_FILE"
 
 
@@ -37,22 +39,24 @@ class Layout:
     world_size: int
     grid: tuple[int, int] | None  # rows x columns of the torus, None when there is no grid
     ranks_per_host: tuple[int, ...]  # in order of each host's lowest rank
+    transport: str  # "tcp", "shm" or "shm+tcp", as topology.choose_transport decides
 
     @classmethod
-    def of(cls, hosts: list[str], grid: Grid | None) -> "Layout":
+    def of(cls, hosts: list[str], grid: Grid | None, transport: str) -> "Layout":
         counts: dict[str, int] = {}
         for host in hosts:
             counts[host] = counts.get(host, 0) + 1
-        return cls(len(hosts), grid.shape if grid else None, tuple(counts.values()))
+        return cls(len(hosts), grid.shape if grid else None, tuple(counts.values()), transport)
 
     def to_json(self) -> dict:
         return {"world_size": self.world_size, "grid": list(self.grid) if self.grid else None,
-                "ranks_per_host": list(self.ranks_per_host)}
+                "ranks_per_host": list(self.ranks_per_host), "transport": self.transport}
 
     def __str__(self) -> str:
         grid = f"{self.grid[0]}x{self.grid[1]} grid" if self.grid else "no grid"
         per_host = ",".join(str(k) for k in self.ranks_per_host)
-        return f"{self.world_size} ranks, {grid}, {len(self.ranks_per_host)} host(s) with {per_host} ranks"
+        return (f"{self.world_size} ranks, {grid}, {len(self.ranks_per_host)} host(s) with {per_host} ranks, "
+                f"over {self.transport}")
 
 
 @dataclass(frozen=True)
@@ -106,13 +110,16 @@ def _layout_of(record: dict, where: str, path: str) -> Layout:
         grid = record["grid"]
         grid = None if grid is None else (int(grid[0]), int(grid[1]))
         ranks_per_host = tuple(int(k) for k in record["ranks_per_host"])
+        transport = record["transport"]
+        if transport not in GROUP_TRANSPORTS:
+            raise ValueError(f"transport {transport!r} is none of {', '.join(GROUP_TRANSPORTS)}")
     except (KeyError, TypeError, ValueError, IndexError) as error:
-        raise _problem(path, f"{where} lacks a valid world_size, grid ([rows, columns] or null) and "
-                             f"ranks_per_host ({type(error).__name__}: {error})") from None
+        raise _problem(path, f"{where} lacks a valid world_size, grid ([rows, columns] or null), "
+                             f"ranks_per_host and transport ({type(error).__name__}: {error})") from None
     if sum(ranks_per_host) != world_size:
         raise _problem(path, f"{where}: ranks_per_host {list(ranks_per_host)} do not add up to "
                              f"world_size {world_size}")
-    return Layout(world_size, grid, ranks_per_host)
+    return Layout(world_size, grid, ranks_per_host, transport)
 
 
 def read(path: str) -> list[Entry]:
@@ -169,13 +176,13 @@ def write(path: str, entry: dict) -> None:
         file.write("\n")
 
 
-def tuned_allreduce(path: str, hosts: list[str], grid: Grid | None,
+def tuned_allreduce(path: str, hosts: list[str], grid: Grid | None, transport: str,
                     entries: list[Entry] | None = None) -> tuple[Rule, ...] | None:
     """The tuned table for a group of this layout, or None without a file or a matching entry.
     `entries`: the file's, read already."""
     if not path:
         return None
-    layout = Layout.of(hosts, grid)
+    layout = Layout.of(hosts, grid, transport)
     for entry in read(path) if entries is None else entries:
         if entry.layout == layout:
             return entry.allreduce
