@@ -121,3 +121,14 @@ def test_node_counts():
     assert model.node_counts("1,3") == [1, 3]
     with pytest.raises(ValueError, match="--nodes"):
         model.node_counts("lots")
+
+
+def test_shared_memory_algorithms_run_on_one_host_only():
+    one_host = System(nodes=1, ranks_per_node=4)
+    for algorithm in model.SHARED_MEMORY_ALGORITHMS:
+        times = [allreduce_seconds(one_host, algorithm, s) for s in (4096, 1 << 20, 16 << 20)]
+        assert times == sorted(times) and times[0] > 0
+        with pytest.raises(ValueError, match=f"{algorithm} needs every rank on one host"):
+            allreduce_seconds(System(nodes=2, ranks_per_node=4), algorithm, 4096)
+    # one_shot reduces every rank's whole buffer; two_shot only a slice of each: slower when large.
+    assert allreduce_seconds(one_host, "one_shot", 64 << 20) > allreduce_seconds(one_host, "two_shot", 64 << 20)

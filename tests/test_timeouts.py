@@ -54,20 +54,11 @@ OPS = {
 PROPERTIES = ["raises_dist_backend_error", "at_the_timeout", "names_collective",
               "names_sequence_number", "names_absent_rank", "fails_fast_after"]
 
-_WHY_P2P_SEQ = ("send/recv errors name the peer and tag (\"torus:send to rank 2 tag 0 (rank 0, group "
-                "'1')\") but no sequence number: TorusP2PWork's context has none")
-_WHY_P2P_AFTER = ("a timed-out send/recv does not mark the group failed (only a failed collective job "
-                  "sets failure_): the next collective on the group waits a whole timeout again "
-                  "instead of failing at once")
 _WHY_WAIT = ("Work.wait(timeout) names the collective and its sequence number, not the rank that never came: "
              "ranks publish that they reached a collective only after a quarter of the group's timeout "
              "(at most 1 s), and a Work.wait timeout can come before that")
 # (transport or "*", operation, property) -> why it fails now
 KNOWN_MISSING = {
-    ("*", "send", "names_sequence_number"): _WHY_P2P_SEQ,
-    ("*", "recv", "names_sequence_number"): _WHY_P2P_SEQ,
-    ("*", "send", "fails_fast_after"): _WHY_P2P_AFTER,
-    ("*", "recv", "fails_fast_after"): _WHY_P2P_AFTER,
     ("*", "work_wait_timeout", "names_absent_rank"): _WHY_WAIT,
 }
 

@@ -38,6 +38,7 @@ import importlib
 import json
 import math
 import os
+import random
 import re
 import socket
 import sys
@@ -561,8 +562,16 @@ def measure_size(count: int, collective: Collective, args: argparse.Namespace,
     buffers = collective.allocate(count, dtype, device)  # shared by all contenders at this size
 
     calls = [contender.bind(collective, buffers, args.op) for contender in contenders]
-    seconds = [[time_contender(collective, buffers, call, pattern, args, bootstrap, synchronize)
-                for call in calls] for _ in range(args.rounds)]
+    seconds = [[0.0] * len(calls) for _ in range(args.rounds)]
+    for round_index in range(args.rounds):
+        # Every round in another order, the same on every rank: what one contender leaves behind
+        # (gloo's slow small calls on a shaped link, say) must not always fall on the same next one.
+        order = list(range(len(calls)))
+        if round_index:
+            random.Random(round_index).shuffle(order)
+        for index in order:
+            seconds[round_index][index] = time_contender(collective, buffers, calls[index], pattern, args,
+                                                         bootstrap, synchronize)
     wrong = [check_contender(collective, buffers, count, call, pattern, synchronize)
              for call in calls] if args.check else []
     # The slowest rank sets a round's time, as in nccl-tests; the best round counts (other work
@@ -812,9 +821,10 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("-w", "--warmup", type=int, default=5,
                         help="untimed calls before them (default: %(default)s)")
     parser.add_argument("-R", "--rounds", type=int, default=1,
-                        help="rounds per size: each round times every contender in turn, and a "
-                             "contender's time is its best round's, so that drift of a shared "
-                             "machine hits every contender alike (default: %(default)s)")
+                        help="rounds per size: each round times every contender in turn, in a new "
+                             "order each round, and a contender's time is its best round's, so that "
+                             "drift of a shared machine hits every contender alike (default: "
+                             "%(default)s)")
     parser.add_argument(
         "--backends", "--backend", dest="backends", action="append", metavar="SPEC",
         help="contenders to compare, separated by ',' or ';' or given by repeating the flag. "

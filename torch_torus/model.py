@@ -44,6 +44,8 @@ from dataclasses import dataclass
 from .config import parse_bytes
 
 ALGORITHMS = ("ring", "torus", "direct", "recursive_doubling", "rabenseifner")
+# Only with every rank on one host: each rank maps the others' buffers (torch_torus over shm).
+SHARED_MEMORY_ALGORITHMS = ("one_shot", "two_shot")
 
 
 @dataclass(frozen=True)
@@ -190,6 +192,14 @@ def allreduce_seconds(system: System, algorithm: str, nbytes: float,
         return system.call_overhead + _direct(system, nbytes, n)
     if algorithm in ("recursive_doubling", "rabenseifner"):
         return system.call_overhead + _power_of_two(system, nbytes, n, algorithm == "rabenseifner")
+    if algorithm in SHARED_MEMORY_ALGORITHMS:
+        if system.nodes > 1:
+            raise ValueError(f"{algorithm} needs every rank on one host (shared memory); "
+                             f"this system has {system.nodes} nodes")
+        if algorithm == "one_shot":  # copy S into shared memory, then reduce all n buffers: one step
+            return system.call_overhead + _steps(system, 1, 1, n, nbytes, (n - 1) * nbytes)
+        # two_shot: each rank reduces its slice of every buffer, then copies the others' slices
+        return system.call_overhead + _steps(system, 2, 1, n, 2 * nbytes * (n - 1) / n, nbytes * (n - 1) / n)
     if algorithm == "torus":
         if shape is None:
             shapes = torus_shapes(n)
@@ -202,7 +212,8 @@ def allreduce_seconds(system: System, algorithm: str, nbytes: float,
         # Row reduce-scatter and allgather (one call each), a ring allreduce of S/c down the columns.
         return (3 * system.call_overhead + _ring(system, nbytes, cols, 1, cols)
                 + _ring(system, nbytes / cols, rows, cols, n))
-    raise ValueError(f"no model for allreduce algorithm {algorithm!r}; known: {', '.join(ALGORITHMS)}")
+    raise ValueError(f"no model for allreduce algorithm {algorithm!r}; known: "
+                     f"{', '.join(ALGORITHMS + SHARED_MEMORY_ALGORITHMS)}")
 
 
 def best_torus_shape(system: System, nbytes: float) -> tuple[int, int] | None:
@@ -243,6 +254,9 @@ class Measurement:
     shape: tuple[int, int] | None
 
 
+MODELLED = ALGORITHMS + SHARED_MEMORY_ALGORITHMS
+
+
 def load_measurements(paths: list[str]) -> list[Measurement]:
     """Single-algorithm rows of bench --json files and tuning files (python -m torch_torus.tune).
     Hosts must hold equal numbers of ranks; the torus takes the grid topology would choose."""
@@ -255,6 +269,8 @@ def load_measurements(paths: list[str]) -> list[Measurement]:
                 per_host = entry["ranks_per_host"]
                 shape = tuple(entry["grid"]) if entry["grid"] else None
                 for algorithm, times in entry["measured"]["time_us"].items():
+                    if algorithm not in MODELLED:
+                        continue
                     for nbytes, us in zip(entry["measured"]["sizes"], times):
                         found.append(Measurement(len(per_host), per_host[0], algorithm, nbytes, us * 1e-6, shape))
         else:  # bench --json
@@ -263,7 +279,7 @@ def load_measurements(paths: list[str]) -> list[Measurement]:
             shape = (len(per_host), per_host[0]) if len(per_host) > 1 and per_host[0] > 1 else default_shape(n)
             for row in document["rows"]:
                 algorithm = row.get("options", {}).get("allreduce")
-                if row["backend"] == "torus" and algorithm in ALGORITHMS and row["time_us"]:
+                if row["backend"] == "torus" and algorithm in MODELLED and row["time_us"]:
                     found.append(Measurement(len(per_host), per_host[0], algorithm, row["size_bytes"],
                                              row["time_us"] * 1e-6, shape))
     return found

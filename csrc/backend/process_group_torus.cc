@@ -566,14 +566,12 @@ void ProcessGroupTorus::runWorker() {
       queue_.pop_front();
     }
     std::exception_ptr error;
-    if (!failure_.empty()) {
-      try {
-        C10_THROW_ERROR(DistBackendError,
-                        job.context + ": the group is unusable after an earlier failure: " + failure_);
-      } catch (...) {
-        error = std::current_exception();
-      }
-    } else {
+    try {
+      checkUsable(job.context);
+    } catch (...) {
+      error = std::current_exception();
+    }
+    if (!error) {
       try {
         if (config_.logLevel >= 2) {
           logLine(rank_, job.context);
@@ -610,11 +608,11 @@ void ProcessGroupTorus::runWorker() {
                   (mismatch.mine.kind != 0 ? describeCall(mismatch.mine) : std::string("another collective")) +
                   ", rank " + std::to_string(mismatch.peer) + " called " + describeCall(mismatch.theirs);
         }
-        failure_ = job.context + ": " + what;
+        failure_->record(job.context + ": " + what);
         error = asTorchError(std::make_exception_ptr(CommError(e.kind(), what)), job.context);
         // The failed collective's other sends and receives still point into its buffers and
         // the scratch; end them all before those are freed or reused.
-        transport_->abort(failure_);
+        transport_->abort(job.context + ": " + what);
       } catch (...) {
         arrivals_->left();
         error = asTorchError(std::current_exception(), job.context);
@@ -626,6 +624,19 @@ void ProcessGroupTorus::runWorker() {
       job.work->complete();
     }
   }
+}
+
+void ProcessGroupTorus::checkUsable(const std::string& context) const {
+  const std::string earlier = failure_->get();
+  if (!earlier.empty()) {
+    C10_THROW_ERROR(DistBackendError, context + ": the group is unusable after an earlier failure: " + earlier);
+  }
+}
+
+std::string ProcessGroupTorus::p2pContext(const std::string& what) {
+  std::ostringstream context;
+  context << "torus:" << what << ", p2p #" << ++p2pIssued_ << " (rank " << rank_ << ", group '" << groupName_ << "')";
+  return context.str();
 }
 
 void ProcessGroupTorus::stopWorker(bool abortPending) {
@@ -1255,14 +1266,13 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupTorus::send(std::vector<at::Tensor>& 
   checkPeer(dstRank, rank_, size_, "send dst");
   at::Tensor tensor = tensors[0];
   checkTensor(tensor, "send tensor");
+  const std::string context = p2pContext("send to rank " + std::to_string(dstRank) + " tag " + std::to_string(tag));
+  checkUsable(context);
   at::Tensor buffer = contiguousBuffer(tensor);
   traffic_->count(dstRank, bytesOf(buffer));
   auto request = transport_->isend(dstRank, p2pTag(tag), CallSignature{}, buffer.data_ptr(), bytesOf(buffer));
-  std::ostringstream context;
-  context << "torus:send to rank " << dstRank << " tag " << tag << " (rank " << rank_ << ", group '" << groupName_
-          << "')";
   return c10::make_intrusive<TorusP2PWork>(rank_, c10d::OpType::SEND, "torus:send", transport_, request, tensor, buffer,
-                                           timeout_, context.str());
+                                           timeout_, context, failure_);
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupTorus::recv(std::vector<at::Tensor>& tensors, int srcRank, int tag) {
@@ -1270,25 +1280,25 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupTorus::recv(std::vector<at::Tensor>& 
   checkPeer(srcRank, rank_, size_, "recv src");
   at::Tensor tensor = tensors[0];
   checkOutput(tensor, "recv tensor");
+  const std::string context =
+      p2pContext("recv from rank " + std::to_string(srcRank) + " tag " + std::to_string(tag));
+  checkUsable(context);
   at::Tensor buffer = tensor.is_contiguous() ? tensor : at::empty_like(tensor, at::MemoryFormat::Contiguous);
   auto request = transport_->irecv(srcRank, p2pTag(tag), CallSignature{}, buffer.data_ptr(), bytesOf(buffer));
-  std::ostringstream context;
-  context << "torus:recv from rank " << srcRank << " tag " << tag << " (rank " << rank_ << ", group '" << groupName_
-          << "')";
   return c10::make_intrusive<TorusP2PWork>(rank_, c10d::OpType::RECV, "torus:recv", transport_, request, tensor, buffer,
-                                           timeout_, context.str());
+                                           timeout_, context, failure_);
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupTorus::recvAnysource(std::vector<at::Tensor>& tensors, int tag) {
   checkSingle(tensors.size(), "recv");
   at::Tensor tensor = tensors[0];
   checkOutput(tensor, "recv tensor");
+  const std::string context = p2pContext("recv from any rank, tag " + std::to_string(tag));
+  checkUsable(context);
   at::Tensor buffer = tensor.is_contiguous() ? tensor : at::empty_like(tensor, at::MemoryFormat::Contiguous);
   auto request = transport_->irecv(kAnyPeer, p2pTag(tag), CallSignature{}, buffer.data_ptr(), bytesOf(buffer));
-  std::ostringstream context;
-  context << "torus:recv from any rank, tag " << tag << " (rank " << rank_ << ", group '" << groupName_ << "')";
   return c10::make_intrusive<TorusP2PWork>(rank_, c10d::OpType::RECVANYSOURCE, "torus:recv_anysource", transport_,
-                                           request, tensor, buffer, timeout_, context.str());
+                                           request, tensor, buffer, timeout_, context, failure_);
 }
 
 } // namespace torus

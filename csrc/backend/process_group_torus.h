@@ -7,6 +7,7 @@
 #pragma once
 
 #include <array>
+#include <atomic>
 #include <condition_variable>
 #include <deque>
 #include <functional>
@@ -156,6 +157,10 @@ class ProcessGroupTorus : public c10d::Backend {
   void runWorker();
   std::chrono::milliseconds timeoutOf(std::chrono::milliseconds requested) const;
   void stopWorker(bool abortPending);
+  // Raises DistBackendError naming `context` and the group's earlier failure, if there is one.
+  void checkUsable(const std::string& context) const;
+  // "torus:send to rank 2 tag 0, p2p #3 (rank 0, group '5')", numbering this call.
+  std::string p2pContext(const std::string& what);
 
   // One reduction, as the collectives see it, plus the element-wise work torch's ops add around
   // the sum (AVG divides after, PREMUL_SUM multiplies before).
@@ -213,7 +218,9 @@ class ProcessGroupTorus : public c10d::Backend {
   // The worker's last calls by sequence number, to describe a mismatch found a few calls late.
   std::array<std::pair<uint64_t, CallSignature>, 16> recentCalls_{};
   bool stopping_ = false;
-  std::string failure_; // set once a collective fails; later ones fail fast
+  // Set once a collective or a send or receive fails; later calls fail fast.
+  std::shared_ptr<GroupFailure> failure_ = std::make_shared<GroupFailure>();
+  std::atomic<uint64_t> p2pIssued_{0}; // sends and receives issued, to number them in errors
   std::thread worker_;
 };
 

@@ -28,6 +28,18 @@ std::exception_ptr asTorchError(std::exception_ptr error, const std::string& con
   }
 }
 
+void GroupFailure::record(const std::string& what) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  if (what_.empty()) {
+    what_ = what;
+  }
+}
+
+std::string GroupFailure::get() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return what_;
+}
+
 TorusWork::TorusWork(int rank, c10d::OpType opType, const char* profilingTitle, std::vector<at::Tensor> outputs,
                      uint64_t seq, const std::optional<std::vector<at::Tensor>>& inputs, std::string context)
     : c10d::Work(rank, opType, profilingTitle, inputs),
@@ -66,7 +78,8 @@ void TorusWork::fail(std::exception_ptr error) {
 
 TorusP2PWork::TorusP2PWork(int rank, c10d::OpType opType, const char* profilingTitle,
                            std::shared_ptr<Transport> transport, RequestPtr request, at::Tensor tensor,
-                           at::Tensor buffer, std::chrono::milliseconds timeout, std::string context)
+                           at::Tensor buffer, std::chrono::milliseconds timeout, std::string context,
+                           std::shared_ptr<GroupFailure> groupFailure)
     : c10d::Work(rank, opType, profilingTitle, std::vector<at::Tensor>{tensor}),
       transport_(std::move(transport)),
       request_(std::move(request)),
@@ -74,6 +87,7 @@ TorusP2PWork::TorusP2PWork(int rank, c10d::OpType opType, const char* profilingT
       buffer_(std::move(buffer)),
       timeout_(timeout),
       context_(std::move(context)),
+      groupFailure_(std::move(groupFailure)),
       future_(makeTensorListFuture()) {}
 
 void TorusP2PWork::settle(std::exception_ptr error) {
@@ -92,6 +106,19 @@ void TorusP2PWork::settle(std::exception_ptr error) {
   finish();
 }
 
+void TorusP2PWork::fail(std::exception_ptr error) {
+  try {
+    std::rethrow_exception(error);
+  } catch (const CommError& e) {
+    const std::string what = context_ + ": " + e.what();
+    groupFailure_->record(what);
+    transport_->abort(what);
+  } catch (...) {
+    // Not the transport's failure: the group stays usable.
+  }
+  settle(asTorchError(error, context_));
+}
+
 bool TorusP2PWork::isCompleted() {
   if (!settled_) {
     try {
@@ -99,7 +126,7 @@ bool TorusP2PWork::isCompleted() {
         settle(nullptr);
       }
     } catch (...) {
-      settle(asTorchError(std::current_exception(), context_));
+      fail(std::current_exception());
     }
   }
   return c10d::Work::isCompleted();
@@ -112,8 +139,7 @@ bool TorusP2PWork::wait(std::chrono::milliseconds timeout) {
       transport_->wait({request_}, Clock::now() + limit);
       settle(nullptr);
     } catch (...) {
-      auto error = asTorchError(std::current_exception(), context_);
-      settle(error);
+      fail(std::current_exception());
     }
   }
   return c10d::Work::wait(std::chrono::milliseconds(0));

@@ -5,6 +5,8 @@
 #include <atomic>
 #include <functional>
 #include <memory>
+#include <mutex>
+#include <string>
 #include <vector>
 
 #include <ATen/core/ivalue.h>
@@ -18,6 +20,20 @@ namespace torus {
 // CommError (peer death, timeout, mismatch, abort) becomes DistBackendError, prefixed with
 // `context` (the collective, its sequence number and this rank); others keep their type.
 std::exception_ptr asTorchError(std::exception_ptr error, const std::string& context);
+
+// The first failure of a group, shared by its worker thread and its point-to-point works: once
+// one is recorded, every later call on the group fails at once, naming it.
+class GroupFailure {
+ public:
+  // Records `what` unless a failure is recorded already.
+  void record(const std::string& what);
+  // The recorded failure; empty while there is none.
+  std::string get() const;
+
+ private:
+  mutable std::mutex mutex_;
+  std::string what_;
+};
 
 class TorusWork : public c10d::Work {
  public:
@@ -55,9 +71,12 @@ class TorusP2PWork : public c10d::Work {
  public:
   // `buffer` is what the transport reads or writes; for a receive into a non-contiguous tensor
   // it is a contiguous stand-in copied into `tensor` on completion.
+  // A send or receive that fails (its timeout, or Work.wait's, passes; the peer dies) fails the
+  // group: its buffer would otherwise stay promised to the transport, which could write into it
+  // after the caller has moved on.
   TorusP2PWork(int rank, c10d::OpType opType, const char* profilingTitle, std::shared_ptr<Transport> transport,
                RequestPtr request, at::Tensor tensor, at::Tensor buffer, std::chrono::milliseconds timeout,
-               std::string context);
+               std::string context, std::shared_ptr<GroupFailure> groupFailure);
 
   bool isCompleted() override;
   bool wait(std::chrono::milliseconds timeout) override;
@@ -71,6 +90,8 @@ class TorusP2PWork : public c10d::Work {
 
  private:
   void settle(std::exception_ptr error);
+  // Settles with `error`; a transport's error fails the group.
+  void fail(std::exception_ptr error);
 
   std::shared_ptr<Transport> transport_;
   RequestPtr request_;
@@ -78,6 +99,7 @@ class TorusP2PWork : public c10d::Work {
   at::Tensor buffer_;
   std::chrono::milliseconds timeout_;
   std::string context_;
+  std::shared_ptr<GroupFailure> groupFailure_;
   std::atomic<bool> settled_{false};
   c10::intrusive_ptr<c10::ivalue::Future> future_;
 };
