@@ -107,12 +107,26 @@ NURION = System(
 # One step of an algorithm: every rank exchanges with the rank `distance` away.
 
 
-def _step_link(system: System, distance: int, span: int) -> tuple[float, float]:
+def _leaving(block: int, distance: int, span: int, paired: bool) -> int:
+    """Flows that leave a block of `block` consecutive ranks (a host, a leaf switch) when each of
+    `span` ranks sends `distance` away: to rank r + distance (a shift: the ring, a torus column),
+    or, `paired`, to rank r XOR distance (recursive doubling and halving), which stays inside a
+    power-of-two block while the distance is below its size."""
+    if span <= block:
+        return 0
+    if not paired:
+        return min(distance, block)
+    if block & (block - 1) == 0:
+        return 0 if distance < block else block
+    return sum(1 for r in range(block) if (r ^ distance) >= block)
+
+
+def _step_link(system: System, distance: int, span: int, paired: bool = False) -> tuple[float, float]:
     """(latency, bandwidth per flow) of a step in which every rank of a group of `span`
-    consecutive ranks sends to the rank `distance` away."""
+    consecutive ranks sends to the rank `distance` away (`paired`: to rank r XOR distance)."""
     p, leaf = system.ranks_per_node, system.ranks_per_node * system.nodes_per_switch
-    off_node = min(distance, p) if span > p else 0  # flows leaving each host
-    off_leaf = min(distance, leaf) if span > leaf else 0  # flows leaving each leaf switch
+    off_node = _leaving(p, distance, span, paired)  # flows leaving each host
+    off_leaf = _leaving(leaf, distance, span, paired)  # flows leaving each leaf switch
     if off_node == 0:
         return system.local_latency, system.local_bandwidth
     bandwidth = system.link_bandwidth / off_node
@@ -124,10 +138,11 @@ def _step_link(system: System, distance: int, span: int) -> tuple[float, float]:
     return system.link_latency, bandwidth
 
 
-def _steps(system: System, steps: float, distance: int, span: int, sent: float, reduced: float) -> float:
+def _steps(system: System, steps: float, distance: int, span: int, sent: float, reduced: float,
+           paired: bool = False) -> float:
     """`steps` steps at `distance` within `span` ranks, sending `sent` and reducing `reduced`
     bytes in all."""
-    latency, bandwidth = _step_link(system, distance, span)
+    latency, bandwidth = _step_link(system, distance, span, paired)
     return steps * latency + sent / bandwidth + reduced / system.reduce_rate
 
 
@@ -148,9 +163,9 @@ def _power_of_two(system: System, nbytes: float, n: int, halving: bool) -> float
     while distance >= 1:
         if halving:
             share = nbytes * distance / p  # the half a rank gives away at this distance
-            seconds += _steps(system, 2, distance, n, 2 * share, share)
+            seconds += _steps(system, 2, distance, n, 2 * share, share, paired=True)
         else:
-            seconds += _steps(system, 1, distance, n, nbytes, nbytes)
+            seconds += _steps(system, 1, distance, n, nbytes, nbytes, paired=True)
         distance //= 2
     return seconds
 
@@ -290,11 +305,13 @@ def predict(system: System, m: Measurement) -> float:
     return allreduce_seconds(placed, m.algorithm, m.nbytes, m.shape if m.algorithm == "torus" else None)
 
 
-def fit(system: System, measurements: list[Measurement], rounds: int = 60) -> System:
+def fit(system: System, measurements: list[Measurement], rounds: int = 60,
+        fixed: tuple[str, ...] = ()) -> System:
     """The system with FITTED figures adjusted to minimise the squared relative error of the
     predictions: coordinate search in log space with shrinking steps (the model is piecewise
     linear in the figures, so plain least squares does not apply). Figures that no measurement
-    depends on (the link's, when every measurement is on one host) keep their values."""
+    depends on (the link's, when every measurement is on one host) keep their values, and so do
+    those named in `fixed` (known ones, such as a link's measured rate)."""
     def error(candidate: System) -> float:
         return sum((predict(candidate, m) / m.seconds - 1) ** 2 for m in measurements)
 
@@ -305,7 +322,7 @@ def fit(system: System, measurements: list[Measurement], rounds: int = 60) -> Sy
     factor = 4.0
     for _ in range(rounds):
         improved = False
-        for name in FITTED:
+        for name in (n for n in FITTED if n not in fixed):
             for scale in (factor, 1 / factor):
                 candidate = dataclasses.replace(current, **{name: getattr(current, name) * scale})
                 value = error(candidate)
@@ -487,9 +504,10 @@ def main(argv: list[str] | None = None) -> None:
         measurements = load_measurements(args.fit)
         if not measurements:
             parser.error("--fit: no single-algorithm torus measurements in " + ", ".join(args.fit))
-        system = fit(system, measurements)
+        # Figures given on the command line are known: the fit leaves them as they are.
+        system = fit(system, measurements, fixed=tuple(n for n in FITTED if n in overrides))
         print(f"# fitted to {len(measurements)} measurements in {', '.join(args.fit)}: "
-              + ", ".join(f"{n}={getattr(system, n):.4g}" for n in FITTED))
+              + ", ".join(f"{n}={getattr(system, n):.4g}" + (" (given)" if n in overrides else "") for n in FITTED))
         print("\n".join(comparison(system, measurements)))
     if args.compare:
         measurements = load_measurements(args.compare)
