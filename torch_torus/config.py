@@ -297,7 +297,7 @@ SETTINGS: tuple[Setting, ...] = (
         "",
         _printable("a file name"),
         "Tuning file written by `python -m torch_torus.tune`; auto takes its allreduce table when "
-        "an entry matches the group (world size, torus grid, ranks per host), else the cost model. "
+        "an entry matches the group (world size, torus grid, ranks per host, transport), else the cost model. "
         "Empty: the cost model.",
     ),
     Setting(
