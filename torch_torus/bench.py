@@ -553,6 +553,16 @@ def check_contender(collective: Collective, buffers: Buffers, count: int, call: 
     return count_wrong(buffers.output, collective.expected(count, pattern), collective.world_size)
 
 
+def round_order(count: int, round_index: int) -> list[int]:
+    """The order to time `count` contenders in, in round `round_index`: as listed first, then a new
+    order each round, the same on every rank (seeded by the round). What one contender leaves
+    behind (gloo's slow small calls on a shaped link, say) then falls on a different one each time."""
+    order = list(range(count))
+    if round_index:
+        random.Random(round_index).shuffle(order)
+    return order
+
+
 def measure_size(count: int, collective: Collective, args: argparse.Namespace,
                  pattern: CheckPattern, bootstrap: dist.ProcessGroup, device: torch.device,
                  synchronize: Callable[[], None]) -> list[Row]:
@@ -564,12 +574,7 @@ def measure_size(count: int, collective: Collective, args: argparse.Namespace,
     calls = [contender.bind(collective, buffers, args.op) for contender in contenders]
     seconds = [[0.0] * len(calls) for _ in range(args.rounds)]
     for round_index in range(args.rounds):
-        # Every round in another order, the same on every rank: what one contender leaves behind
-        # (gloo's slow small calls on a shaped link, say) must not always fall on the same next one.
-        order = list(range(len(calls)))
-        if round_index:
-            random.Random(round_index).shuffle(order)
-        for index in order:
+        for index in round_order(len(calls), round_index):
             seconds[round_index][index] = time_contender(collective, buffers, calls[index], pattern, args,
                                                          bootstrap, synchronize)
     wrong = [check_contender(collective, buffers, count, call, pattern, synchronize)

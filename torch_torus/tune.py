@@ -7,11 +7,13 @@
 The algorithms are those `auto` chooses among for this job (torch_torus.selection's
 allreduce_candidates: the torus only where the job has a grid), each in its own process group
 with the job's other settings (TORUS_TORUS_DIMS, TORUS_TORUS_INNER, TORUS_CHUNK_BYTES, ...).
-At each size every algorithm is timed in turn, for several rounds, so that drift of the machine
-hits all alike; an algorithm's time at a size is the best round's (interference from other
-work only ever adds time), each round the mean of --iters calls on the slowest rank.
+At each size every algorithm is timed in turn, for several rounds in a new order each, so that
+drift of the machine hits all alike; an algorithm's time at a size is the best round's
+(interference from other work only ever adds time), each round the mean of its calls on the
+slowest rank: --iters calls in the first round, and after it as many as last --min-round-ms, so
+that small sizes, where one call is a few scheduling delays, average over more.
 
-The file keeps one entry per job layout (world size, torus grid, ranks per host); tuning a
+The file keeps one entry per job layout (world size, torus grid, ranks per host, transport); tuning a
 layout again replaces its entry and keeps the others. Runs under torchrun or any launcher that
 sets MASTER_ADDR, MASTER_PORT, RANK and WORLD_SIZE.
 """
@@ -20,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import datetime
+import math
 import os
 import sys
 import time
@@ -28,7 +31,7 @@ import torch
 import torch.distributed as dist
 
 from . import tuning
-from .bench import human_size, parse_size
+from .bench import human_size, parse_size, round_order
 from .config import Options, resolve
 from .selection import allreduce_candidates
 from .topology import choose_grid, choose_transport, host_identity
@@ -46,6 +49,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("-n", "--iters", type=int, default=5, help="timed calls per round (default: %(default)s)")
     parser.add_argument("-w", "--warmup", type=int, default=2,
                         help="untimed calls before each round (default: %(default)s)")
+    parser.add_argument("--min-round-ms", type=float, default=50.0,
+                        help="after the first round, more calls per round where --iters would take "
+                             "less than this (small sizes), up to 100x --iters (default: %(default)s)")
     parser.add_argument("-r", "--rounds", type=int, default=2,
                         help="rounds per size and algorithm; the best counts (default: %(default)s)")
     parser.add_argument("-o", "--output", default=None,
@@ -95,16 +101,24 @@ def sizes_to_measure(args: argparse.Namespace) -> list[int]:
     return sizes
 
 
-def round_seconds(tensor: torch.Tensor, group: dist.ProcessGroup, args: argparse.Namespace,
+def round_seconds(tensor: torch.Tensor, group: dist.ProcessGroup, calls: int, args: argparse.Namespace,
                   bootstrap: dist.ProcessGroup) -> float:
-    """Mean seconds per call over one round, on this rank; every call waited for in turn."""
+    """Mean seconds per call over one round of `calls` calls, on this rank; every call waited for
+    in turn."""
     for _ in range(args.warmup):
         dist.all_reduce(tensor, group=group)
     dist.barrier(group=bootstrap)
     start = time.perf_counter()
-    for _ in range(args.iters):
+    for _ in range(calls):
         dist.all_reduce(tensor, group=group)
-    return (time.perf_counter() - start) / args.iters
+    return (time.perf_counter() - start) / calls
+
+
+def calls_per_round(first_round: torch.Tensor, args: argparse.Namespace) -> list[int]:
+    """Calls per round for each algorithm after the first round (its seconds per call, the same on
+    every rank): enough to last --min-round-ms, so that small sizes average over more calls."""
+    return [min(100 * args.iters, max(args.iters, math.ceil(args.min_round_ms / 1e3 / max(t, 1e-9))))
+            for t in first_round.tolist()]
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -113,8 +127,10 @@ def main(argv: list[str] | None = None) -> None:
     if args.print_file:
         print_file(args.print_file)
         return
-    if args.min_bytes > args.max_bytes or args.factor < 2 or args.iters < 1 or args.warmup < 0 or args.rounds < 1:
-        parser.error("need --min-bytes <= --max-bytes, --factor >= 2, --iters >= 1, --warmup >= 0, --rounds >= 1")
+    if (args.min_bytes > args.max_bytes or args.factor < 2 or args.iters < 1 or args.warmup < 0 or args.rounds < 1
+            or args.min_round_ms < 0):
+        parser.error("need --min-bytes <= --max-bytes, --factor >= 2, --iters >= 1, --warmup >= 0, --rounds >= 1, "
+                     "--min-round-ms >= 0")
     output = args.output or os.environ.get(tuning.VARIABLE) or "torus_tuning.json"
 
     import torch_torus  # noqa: F401  (registers the backend)
@@ -143,13 +159,16 @@ def main(argv: list[str] | None = None) -> None:
     for size in sizes:
         tensor = torch.zeros(max(1, size // 4), dtype=torch.float32)
         best = torch.full((len(algorithms),), float("inf"), dtype=torch.float64)
+        calls = [args.iters] * len(algorithms)
         for round_index in range(args.rounds):
             seconds = torch.zeros(len(algorithms), dtype=torch.float64)
-            for index, algorithm in enumerate(algorithms):
-                seconds[index] = round_seconds(tensor, groups[algorithm], args, bootstrap)
-                last = round_index == args.rounds - 1 and index == len(algorithms) - 1
-                progress.step(f"{human_size(size)} {algorithm}", size_finished=last)
+            for k, index in enumerate(round_order(len(algorithms), round_index)):
+                seconds[index] = round_seconds(tensor, groups[algorithms[index]], calls[index], args, bootstrap)
+                last = round_index == args.rounds - 1 and k == len(algorithms) - 1
+                progress.step(f"{human_size(size)} {algorithms[index]}", size_finished=last)
             dist.all_reduce(seconds, op=dist.ReduceOp.MAX, group=bootstrap)  # the slowest rank
+            if round_index == 0:
+                calls = calls_per_round(seconds, args)
             best = torch.minimum(best, seconds)
         for index, algorithm in enumerate(algorithms):
             time_us[algorithm].append(best[index].item() * 1e6)
@@ -158,7 +177,8 @@ def main(argv: list[str] | None = None) -> None:
     if rank == 0:
         about = {"created": datetime.datetime.now().astimezone().isoformat(timespec="seconds"),
                  "torch": torch.__version__, "torus_inner": values["torus_inner"],
-                 "chunk_bytes": values["chunk_bytes"], "iters": args.iters, "rounds": args.rounds}
+                 "chunk_bytes": values["chunk_bytes"], "iters": args.iters, "rounds": args.rounds,
+                 "min_round_ms": args.min_round_ms}
         entry = tuning.make_entry(layout, sizes, time_us, about)
         tuning.write(output, entry)
         print(f"# {'size':>10} " + " ".join(f"{a:>18}" for a in algorithms) + "   (us, best round)")

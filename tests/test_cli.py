@@ -1,0 +1,78 @@
+"""The command-line tools under torchrun, as a user starts them: the bench (2 ranks, tiny sizes,
+several rounds, every result checked) and the tuner (a tuning file a later group takes)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from torch_torus import tuning
+from torch_torus.tune import calls_per_round
+
+REPOSITORY = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+RUN_BOUND_S = 180
+
+
+def run_torchrun(arguments: list[str]) -> str:
+    """torchrun --nproc-per-node 2 ARGUMENTS, bounded; its output, which must say it succeeded."""
+    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2"]
+    env = {**os.environ, "OMP_NUM_THREADS": "1",
+           "PYTHONPATH": os.pathsep.join(filter(None, [REPOSITORY, os.environ.get("PYTHONPATH")]))}
+    for name in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT", tuning.VARIABLE):
+        env.pop(name, None)
+    process = subprocess.Popen(command + arguments, env=env, cwd=REPOSITORY, stdout=subprocess.PIPE,
+                               stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    try:
+        output, _ = process.communicate(timeout=RUN_BOUND_S)
+    except subprocess.TimeoutExpired:
+        os.killpg(process.pid, signal.SIGKILL)
+        output, _ = process.communicate()
+        pytest.fail(f"{' '.join(arguments)} did not finish within {RUN_BOUND_S} s:\n{output}")
+    assert process.returncode == 0, output
+    return output
+
+
+def test_bench_rounds_time_every_contender_and_report_the_best(tmp_path):
+    json_path = tmp_path / "bench.json"
+    output = run_torchrun(["-m", "torch_torus.bench", "--backends",
+                           "torus:allreduce=ring;torus:allreduce=recursive_doubling;gloo", "-b", "1K", "-e", "16K",
+                           "-f", "4", "-n", "2", "-w", "1", "-R", "3", "--check", "--json", str(json_path)])
+    assert "3 rounds of every contender in turn, the best round counts" in output, output
+    assert "# Out of bounds values : 0 OK" in output, output
+    assert "options: allreduce=ring, over shm" in output, output  # 2 ranks on one host: auto takes shm
+    document = json.loads(json_path.read_text())
+    assert document["rounds"] == 3
+    rows = document["rows"]
+    assert sorted({row["size_bytes"] for row in rows}) == [1024, 4096, 16384]
+    assert len(rows) == 9 and all(row["wrong"] == 0 and row["time_us"] > 0 for row in rows), rows
+
+
+def test_tune_writes_an_entry_for_the_job_and_prints_it(tmp_path):
+    path = tmp_path / "tuning.json"
+    output = run_torchrun(["-m", "torch_torus.tune", "-b", "4K", "-e", "64K", "-f", "4", "-n", "2", "-w", "1",
+                           "-r", "2", "--min-round-ms", "5", "-o", str(path)])
+    assert "2 ranks, no grid, 1 host(s) with 2 ranks, over shm" in output, output
+    [entry] = tuning.read(str(path))
+    assert entry.layout == tuning.Layout(2, None, (2,), "shm")
+    measured = entry.record["measured"]
+    assert measured["sizes"] == [4096, 16384, 65536]
+    assert set(measured["time_us"]) >= {"ring", "one_shot", "two_shot"}  # what auto may choose over shm
+    assert all(t > 0 for times in measured["time_us"].values() for t in times)
+    assert entry.allreduce == tuning.rules_from_measurements(measured["sizes"], measured["time_us"])
+    printed = subprocess.run([sys.executable, "-m", "torch_torus.tune", "--print", str(path)], cwd=REPOSITORY,
+                             capture_output=True, text=True, timeout=60,
+                             env={**os.environ, "PYTHONPATH": REPOSITORY})
+    assert f'TORUS_ALLREDUCE="{entry.range_string}"' in printed.stdout, printed
+
+
+def test_small_sizes_get_more_calls_per_round():
+    args = argparse.Namespace(iters=5, min_round_ms=50.0)
+    # 1 ms calls: 50 of them; 0.1 ms: capped at 100 x iters; 100 ms: never fewer than --iters.
+    assert calls_per_round(torch.tensor([1e-3, 1e-4, 0.1], dtype=torch.float64), args) == [50, 500, 5]
