@@ -16,12 +16,18 @@ ArrivalBoard::ArrivalBoard(c10::intrusive_ptr<c10d::Store> store, int rank, int 
     : store_(std::move(store)), rank_(rank), size_(size), thread_(&ArrivalBoard::run, this) {}
 
 ArrivalBoard::~ArrivalBoard() {
+  stop();
+}
+
+void ArrivalBoard::stop() {
   {
     std::lock_guard<std::mutex> lock(mutex_);
     stopping_ = true;
   }
   changed_.notify_all();
-  thread_.join();
+  if (thread_.joinable()) {
+    thread_.join();
+  }
 }
 
 std::string ArrivalBoard::keyOf(int rank) const {

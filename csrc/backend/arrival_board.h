@@ -31,6 +31,8 @@ class ArrivalBoard {
   void entered(uint64_t seq, std::chrono::milliseconds timeout);
   // ... and left it.
   void left();
+  // Ends the thread (shutdown, abort); later calls publish nothing. Idempotent.
+  void stop();
   // Ranks other than this one that had not been seen inside collective `seq` or a later one;
   // nothing when the store cannot be read.
   std::optional<std::vector<int>> notReached(uint64_t seq) const;

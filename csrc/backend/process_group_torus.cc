@@ -657,6 +657,7 @@ void ProcessGroupTorus::stopWorker(bool abortPending) {
   if (worker_.joinable()) {
     worker_.join();
   }
+  arrivals_->stop();
 }
 
 void ProcessGroupTorus::shutdown() {
