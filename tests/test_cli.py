@@ -6,18 +6,14 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import signal
 import subprocess
 import sys
 
-import pytest
 import torch
 
+from test_bench_mpi import REPOSITORY, run_bounded
 from torch_torus import tuning
 from torch_torus.tune import calls_per_round
-
-REPOSITORY = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-RUN_BOUND_S = 180
 
 
 def run_torchrun(arguments: list[str]) -> str:
@@ -27,16 +23,9 @@ def run_torchrun(arguments: list[str]) -> str:
            "PYTHONPATH": os.pathsep.join(filter(None, [REPOSITORY, os.environ.get("PYTHONPATH")]))}
     for name in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT", tuning.VARIABLE):
         env.pop(name, None)
-    process = subprocess.Popen(command + arguments, env=env, cwd=REPOSITORY, stdout=subprocess.PIPE,
-                               stderr=subprocess.STDOUT, text=True, start_new_session=True)
-    try:
-        output, _ = process.communicate(timeout=RUN_BOUND_S)
-    except subprocess.TimeoutExpired:
-        os.killpg(process.pid, signal.SIGKILL)
-        output, _ = process.communicate()
-        pytest.fail(f"{' '.join(arguments)} did not finish within {RUN_BOUND_S} s:\n{output}")
-    assert process.returncode == 0, output
-    return output
+    result = run_bounded(command + arguments, env)
+    assert result.returncode == 0, result.stdout
+    return result.stdout
 
 
 def test_bench_rounds_time_every_contender_and_report_the_best(tmp_path):
