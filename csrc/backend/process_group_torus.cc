@@ -572,18 +572,17 @@ void ProcessGroupTorus::runWorker() {
       error = std::current_exception();
     }
     if (!error) {
+      const uint64_t seq = job.work->getSequencenumber();
       try {
         if (config_.logLevel >= 2) {
           logLine(rank_, job.context);
         }
-        comm_->setTag(job.work->getSequencenumber());
+        comm_->setTag(seq);
         comm_->setCall(job.call);
         comm_->setDeadline(Clock::now() + job.timeout);
-        const uint64_t seq = job.work->getSequencenumber();
         recentCalls_[seq % recentCalls_.size()] = {seq, job.call};
         arrivals_->entered(seq, job.timeout);
         job.body(*comm_);
-        arrivals_->left();
         if (auto stray = transport_->strayMessage(seq)) {
           const auto& [callSeq, call] = recentCalls_[stray->tag % recentCalls_.size()];
           throw CommError(CommError::Kind::kMismatch, "stray message",
@@ -591,32 +590,32 @@ void ProcessGroupTorus::runWorker() {
                                        stray->call});
         }
       } catch (const CommError& e) {
-        arrivals_->left();
         std::string what = e.what();
         if (e.kind() == CommError::Kind::kTimeout) {
-          if (auto missing = arrivals_->notReached(job.work->getSequencenumber())) {
-            what += "; " + describeNotReached(*missing, "#" + std::to_string(job.work->getSequencenumber()));
+          if (auto missing = arrivals_->notReached(seq)) {
+            what += "; " + describeNotReached(*missing, "#" + std::to_string(seq));
           }
         }
         if (e.mismatch()) {
           const CallMismatch& mismatch = *e.mismatch();
           what = "ranks called different collectives";
-          if (mismatch.tag != job.work->getSequencenumber()) {
+          if (mismatch.tag != seq) {
             what += " at #" + std::to_string(mismatch.tag);
           }
           what += ": rank " + std::to_string(rank_) + " called " +
                   (mismatch.mine.kind != 0 ? describeCall(mismatch.mine) : std::string("another collective")) +
                   ", rank " + std::to_string(mismatch.peer) + " called " + describeCall(mismatch.theirs);
         }
-        failure_->record(job.context + ": " + what);
+        const std::string failure = job.context + ": " + what;
+        failure_->record(failure);
         error = asTorchError(std::make_exception_ptr(CommError(e.kind(), what)), job.context);
         // The failed collective's other sends and receives still point into its buffers and
         // the scratch; end them all before those are freed or reused.
-        transport_->abort(job.context + ": " + what);
+        transport_->abort(failure);
       } catch (...) {
-        arrivals_->left();
         error = asTorchError(std::current_exception(), job.context);
       }
+      arrivals_->left();
     }
     if (error) {
       job.work->fail(error);
