@@ -54,13 +54,8 @@ OPS = {
 PROPERTIES = ["raises_dist_backend_error", "at_the_timeout", "names_collective",
               "names_sequence_number", "names_absent_rank", "fails_fast_after"]
 
-_WHY_WAIT = ("Work.wait(timeout) names the collective and its sequence number, not the rank that never came: "
-             "ranks publish that they reached a collective only after a quarter of the group's timeout "
-             "(at most 1 s), and a Work.wait timeout can come before that")
 # (transport or "*", operation, property) -> why it fails now
-KNOWN_MISSING = {
-    ("*", "work_wait_timeout", "names_absent_rank"): _WHY_WAIT,
-}
+KNOWN_MISSING: Dict = {}
 
 
 def _outcome(started: float, error: BaseException | None) -> Dict:

@@ -7,7 +7,7 @@ namespace torus {
 
 namespace {
 
-constexpr std::chrono::milliseconds kMaxPublishDelay{1000};
+constexpr std::chrono::milliseconds kMaxPublishDelay{250};
 constexpr size_t kRanksNamed = 16;
 
 } // namespace
@@ -50,9 +50,9 @@ void ArrivalBoard::left() {
 
 void ArrivalBoard::run() {
   std::unique_lock<std::mutex> lock(mutex_);
-  uint64_t published = 0;
+  uint64_t attempted = 0; // written or not, a collective is offered to the store once
   while (!stopping_) {
-    if (current_ == 0 || current_ == published) {
+    if (current_ == 0 || current_ == attempted) {
       changed_.wait(lock);
       continue;
     }
@@ -60,18 +60,29 @@ void ArrivalBoard::run() {
     if (changed_.wait_until(lock, publishAt_, [&] { return stopping_ || current_ != seq; })) {
       continue;
     }
-    published = seq;
+    attempted = seq;
     lock.unlock();
+    bool written = true;
     try {
       store_->set(keyOf(rank_), std::to_string(seq));
     } catch (const std::exception&) {
       // A store that is gone leaves timeout errors without the missing ranks; nothing else needs it.
+      written = false;
     }
     lock.lock();
+    if (written) {
+      published_ = seq;
+    }
   }
 }
 
-std::optional<std::vector<int>> ArrivalBoard::notReached(uint64_t seq) const {
+std::string ArrivalBoard::describeMissing(uint64_t seq) const {
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (published_ < seq) {
+      return {};
+    }
+  }
   std::vector<int> missing;
   try {
     for (int rank = 0; rank < size_; ++rank) {
@@ -81,23 +92,20 @@ std::optional<std::vector<int>> ArrivalBoard::notReached(uint64_t seq) const {
       }
     }
   } catch (const std::exception&) {
-    return std::nullopt;
+    return {};
   }
-  return missing;
-}
-
-std::string describeNotReached(const std::vector<int>& ranks, const std::string& collective) {
   std::ostringstream out;
-  if (ranks.empty()) {
+  const std::string collective = "#" + std::to_string(seq);
+  if (missing.empty()) {
     out << "every rank had reached " << collective;
     return out.str();
   }
-  out << (ranks.size() == 1 ? "rank " : "ranks ");
-  for (size_t i = 0; i < ranks.size() && i < kRanksNamed; ++i) {
-    out << (i ? ", " : "") << ranks[i];
+  out << (missing.size() == 1 ? "rank " : "ranks ");
+  for (size_t i = 0; i < missing.size() && i < kRanksNamed; ++i) {
+    out << (i ? ", " : "") << missing[i];
   }
-  if (ranks.size() > kRanksNamed) {
-    out << " and " << ranks.size() - kRanksNamed << " more";
+  if (missing.size() > kRanksNamed) {
+    out << " and " << missing.size() - kRanksNamed << " more";
   }
   out << " had not reached " << collective;
   return out.str();

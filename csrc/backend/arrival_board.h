@@ -2,9 +2,10 @@
 //
 // A rank blocked in a ring or a tree waits for its neighbour, which may itself wait for the rank
 // that is missing; the neighbour is the wrong rank to blame. So a rank that has been inside
-// collective #N for a while (a quarter of its timeout, at most a second) writes N to the group's
-// store under its rank; a rank that times out in #N reads every rank's number, and those below N
-// had not reached it. Fast collectives never touch the store: only slow ones pay a store write.
+// collective #N for a while (a quarter of its timeout, at most 250 ms) writes N to the group's
+// store under its rank; a rank that times out in #N (the group's timeout or a Work.wait's) reads
+// every rank's number, and those below N had not reached it. Fast collectives never touch the
+// store: only slow ones pay a store write, small beside a collective that takes 250 ms.
 #pragma once
 
 #include <chrono>
@@ -33,9 +34,10 @@ class ArrivalBoard {
   void left();
   // Ends the thread (shutdown, abort); later calls publish nothing. Idempotent.
   void stop();
-  // Ranks other than this one that had not been seen inside collective `seq` or a later one;
-  // nothing when the store cannot be read.
-  std::optional<std::vector<int>> notReached(uint64_t seq) const;
+  // "rank 2 had not reached #5": the ranks other than this one not seen inside collective `seq`
+  // or a later one. Empty when that cannot be told: this rank has not published `seq` yet (then
+  // the others, on the same delay, may not have either), or the store cannot be read.
+  std::string describeMissing(uint64_t seq) const;
 
  private:
   void run();
@@ -47,12 +49,10 @@ class ArrivalBoard {
   mutable std::mutex mutex_;
   std::condition_variable changed_;
   uint64_t current_ = 0; // the collective the worker is in; 0 between collectives
+  uint64_t published_ = 0; // the last collective this rank wrote to the store
   std::chrono::steady_clock::time_point publishAt_;
   bool stopping_ = false;
   std::thread thread_;
 };
-
-// "rank 2 had not reached all_reduce #5" / "ranks 2, 7 had not ..." / "every rank had reached ...".
-std::string describeNotReached(const std::vector<int>& ranks, const std::string& collective);
 
 } // namespace torus

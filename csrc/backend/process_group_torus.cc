@@ -427,7 +427,7 @@ ProcessGroupTorus::ProcessGroupTorus(const c10::intrusive_ptr<c10d::Store>& stor
   std::iota(members.begin(), members.end(), 0);
   traffic_ = std::make_shared<TrafficCounters>(std::move(sameHost));
   comm_ = std::make_unique<Comm>(transport_, std::move(members), rank, traffic_);
-  arrivals_ = std::make_unique<ArrivalBoard>(store, rank, size);
+  arrivals_ = std::make_shared<ArrivalBoard>(store, rank, size);
   worker_ = std::thread(&ProcessGroupTorus::runWorker, this);
   if (config_.logLevel >= 1 && rank == 0) {
     std::ostringstream line;
@@ -538,7 +538,8 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupTorus::enqueue(c10d::OpType type, con
   std::ostringstream context;
   context << title << " #" << seq << " (rank " << rank_ << " of " << size_ << ", group '" << groupName_ << "')";
   auto work =
-      c10::make_intrusive<TorusWork>(rank_, type, title, std::move(outputs), seq, std::move(inputs), context.str());
+      c10::make_intrusive<TorusWork>(rank_, type, title, std::move(outputs), seq, std::move(inputs), context.str(),
+                                    arrivals_);
   queue_.push_back(Job{work, context.str(), timeoutOf(timeout), call, std::move(body)});
   lock.unlock();
   queueChanged_.notify_one();
@@ -592,8 +593,8 @@ void ProcessGroupTorus::runWorker() {
       } catch (const CommError& e) {
         std::string what = e.what();
         if (e.kind() == CommError::Kind::kTimeout) {
-          if (auto missing = arrivals_->notReached(seq)) {
-            what += "; " + describeNotReached(*missing, "#" + std::to_string(seq));
+          if (auto missing = arrivals_->describeMissing(seq); !missing.empty()) {
+            what += "; " + missing;
           }
         }
         if (e.mismatch()) {

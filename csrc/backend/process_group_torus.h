@@ -200,7 +200,7 @@ class ProcessGroupTorus : public c10d::Backend {
   std::shared_ptr<Transport> transport_;
   std::shared_ptr<TrafficCounters> traffic_;
   std::unique_ptr<Comm> comm_;
-  std::unique_ptr<ArrivalBoard> arrivals_;
+  std::shared_ptr<ArrivalBoard> arrivals_; // shared with the works, whose wait(timeout) reads it
   Chunking chunking_;
   Scratch scratch_;
 

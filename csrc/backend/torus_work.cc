@@ -41,12 +41,14 @@ std::string GroupFailure::get() const {
 }
 
 TorusWork::TorusWork(int rank, c10d::OpType opType, const char* profilingTitle, std::vector<at::Tensor> outputs,
-                     uint64_t seq, const std::optional<std::vector<at::Tensor>>& inputs, std::string context)
+                     uint64_t seq, const std::optional<std::vector<at::Tensor>>& inputs, std::string context,
+                     std::shared_ptr<const ArrivalBoard> arrivals)
     : c10d::Work(rank, opType, profilingTitle, inputs),
       outputs_(std::move(outputs)),
       future_(makeTensorListFuture()),
       seq_(seq),
-      context_(std::move(context)) {}
+      context_(std::move(context)),
+      arrivals_(std::move(arrivals)) {}
 
 bool TorusWork::wait(std::chrono::milliseconds timeout) {
   const auto spinUntil = Clock::now() + kSpinBeforeSleep;
@@ -56,9 +58,12 @@ bool TorusWork::wait(std::chrono::milliseconds timeout) {
   if (timeout != kNoTimeout) {
     std::unique_lock<std::mutex> lock(mutex_);
     if (!cv_.wait_for(lock, timeout, [&] { return completed_; })) {
-      C10_THROW_ERROR(DistBackendError, context_ + ": Work.wait timed out after " +
-                                            std::to_string(timeout.count()) +
-                                            " ms (the collective goes on, bounded by its own timeout)");
+      lock.unlock();
+      std::string what = context_ + ": Work.wait timed out after " + std::to_string(timeout.count()) + " ms";
+      if (auto missing = arrivals_->describeMissing(seq_); !missing.empty()) {
+        what += "; " + missing;
+      }
+      C10_THROW_ERROR(DistBackendError, what + " (the collective goes on, bounded by its own timeout)");
     }
   }
   return c10d::Work::wait(kNoTimeout);

@@ -12,6 +12,7 @@
 #include <ATen/core/ivalue.h>
 #include <torch/csrc/distributed/c10d/Work.hpp>
 
+#include "backend/arrival_board.h"
 #include "transport/transport.h"
 
 namespace torus {
@@ -38,7 +39,8 @@ class GroupFailure {
 class TorusWork : public c10d::Work {
  public:
   TorusWork(int rank, c10d::OpType opType, const char* profilingTitle, std::vector<at::Tensor> outputs,
-            uint64_t seq, const std::optional<std::vector<at::Tensor>>& inputs, std::string context);
+            uint64_t seq, const std::optional<std::vector<at::Tensor>>& inputs, std::string context,
+            std::shared_ptr<const ArrivalBoard> arrivals);
 
   std::vector<at::Tensor> result() override {
     return outputs_;
@@ -51,8 +53,8 @@ class TorusWork : public c10d::Work {
   }
   // Spins briefly (yielding) before sleeping: small collectives finish within microseconds, and
   // a sleep on the condition variable would cost a wake-up, many more on an oversubscribed host.
-  // A `timeout` that passes raises DistBackendError naming the collective; the collective itself
-  // goes on, bounded by its own timeout.
+  // A `timeout` that passes raises DistBackendError naming the collective and the ranks that had
+  // not reached it; the collective itself goes on, bounded by its own timeout.
   bool wait(std::chrono::milliseconds timeout) override;
 
   // Called once by the worker thread.
@@ -64,6 +66,7 @@ class TorusWork : public c10d::Work {
   c10::intrusive_ptr<c10::ivalue::Future> future_;
   const uint64_t seq_;
   const std::string context_;
+  const std::shared_ptr<const ArrivalBoard> arrivals_;
   std::atomic<bool> done_{false};
 };
 
