@@ -76,6 +76,7 @@ def test_torus_shape_must_hold_the_ranks():
     ({"blocking": 1.0}, "blocking must lie in [0, 1)"),
     ({"link_bandwidth": 0}, "link_bandwidth must be greater than 0"),
     ({"link_latency": -1e-6}, "link_latency must not be negative"),
+    ({"call_floor": -1e-6}, "call_floor must not be negative"),
 ])
 def test_bad_system_is_refused_naming_the_figure(change, message):
     with pytest.raises(ValueError, match=message.replace("[", r"\[").replace("(", r"\(").replace(")", r"\)")):
@@ -101,7 +102,7 @@ def test_nurion_parameters_reproduce_the_seed_study():
 
 def test_fit_recovers_figures_from_their_own_predictions(tmp_path):
     truth = System(nodes=1, ranks_per_node=4, local_latency=300e-6, local_bandwidth=0.5e9, reduce_rate=2e9,
-                   message_overhead=200e-6, call_overhead=50e-6)
+                   message_overhead=200e-6, call_overhead=50e-6, call_floor=700e-6)
     sizes = [4096, 65536, 1 << 20, 16 << 20]
     times = {a: [allreduce_seconds(truth, a, s, (2, 2) if a == "torus" else None) * 1e6 for s in sizes]
              for a in ALGORITHMS}
@@ -114,6 +115,20 @@ def test_fit_recovers_figures_from_their_own_predictions(tmp_path):
     fitted = model.fit(System(), measurements)
     for m in measurements:
         assert model.predict(fitted, m) == pytest.approx(m.seconds, rel=0.05)
+
+
+@pytest.mark.parametrize("algorithm", ALGORITHMS + model.SHARED_MEMORY_ALGORITHMS)
+def test_call_floor_bounds_every_algorithm_from_below(algorithm):
+    """Where ranks outnumber cores, small allreduces take the floor whatever their steps; large
+    ones are untouched; and the torus's three calls share one floor."""
+    system = System(nodes=1, ranks_per_node=4, local_latency=40e-6, call_overhead=60e-6)
+    floored = dataclasses.replace(system, call_floor=1e-3)
+    assert allreduce_seconds(floored, algorithm, 4096) == 1e-3
+    big = 256 << 20
+    assert allreduce_seconds(floored, algorithm, big) == allreduce_seconds(system, algorithm, big) > 1e-3
+    sizes = [1 << k for k in range(10, 28, 2)]
+    assert [allreduce_seconds(floored, algorithm, s) for s in sizes] == sorted(
+        allreduce_seconds(floored, algorithm, s) for s in sizes)
 
 
 def test_node_counts():

@@ -14,8 +14,14 @@ flow gets when every rank sends at that distance at once: the link shared by the
 whose partner is elsewhere, the leaf's uplinks shared by its flows that leave it. Direct sends
 to every rank at once and is charged for the most loaded of link, uplinks and local copies.
 
-    time = calls x call_overhead + steps x latency + bytes / step bandwidth
-           + bytes reduced / reduce_rate + extra concurrent messages x message_overhead
+    time = max(call_floor, calls x call_overhead + steps x latency + bytes / step bandwidth
+               + bytes reduced / reduce_rate + extra concurrent messages x message_overhead)
+
+where the torus pays three call overheads (row reduce-scatter, column allreduce, row allgather)
+under one floor. call_floor is the least an allreduce takes whatever its steps: where ranks
+outnumber cores, every rank must get a core before it can end, which costs the same for one step
+as for six (on this machine 4 ranks took 0.2-0.3 ms at 4 KiB with any algorithm); once they run,
+the torus's later calls do not pay it again. Elsewhere it is 0.
 
 On one host this is torch_torus.cost_model (the same steps and bytes) plus the call overhead;
 tests/test_model.py holds them to each other. Ranks are placed in order (host h holds ranks
@@ -27,7 +33,7 @@ run one after another while backward (backward_share of the compute time) produc
     step = compute + max(last bucket's allreduce, all allreduces - backward time)
     images/s per node = batch_per_node / step
 
---fit adjusts the latency, bandwidth, reduce-rate and overhead figures to bench --json or tuning
+--fit adjusts the latency, bandwidth, reduce-rate, overhead and floor figures to bench --json or tuning
 files (relative least squares, searched in log space, since link sharing makes the model
 piecewise) and prints each measurement beside its prediction.
 """
@@ -61,6 +67,7 @@ class System:
     reduce_rate: float = 5e9  # bytes/s one rank reduces
     message_overhead: float = 0.0  # seconds per extra concurrent message within a step
     call_overhead: float = 0.0  # seconds per collective call (the torus makes three)
+    call_floor: float = 0.0  # the least an allreduce takes: every rank scheduled, where ranks outnumber cores
     # DDP
     compute_seconds: float = 1.0  # forward + backward + optimizer of one step, no communication
     backward_share: float = 0.6  # of compute_seconds, overlappable with the allreduces
@@ -80,7 +87,8 @@ class System:
                      ("link_bandwidth", "local_bandwidth", "reduce_rate", "gradient_bytes", "bucket_bytes")
                      if not getattr(self, name) > 0]
         problems += [f"{name} must not be negative" for name in
-                     ("link_latency", "local_latency", "message_overhead", "call_overhead", "compute_seconds")
+                     ("link_latency", "local_latency", "message_overhead", "call_overhead", "call_floor",
+                      "compute_seconds")
                      if getattr(self, name) < 0]
         if not 0 <= self.blocking < 1:
             problems.append("blocking must lie in [0, 1): at 1 no traffic would leave a switch")
@@ -199,22 +207,26 @@ def allreduce_seconds(system: System, algorithm: str, nbytes: float,
     """One allreduce of `nbytes` over the system's ranks. `shape` (rows, columns) sets the
     torus grid; without one the torus takes its best grid, or runs as the ring if it has none."""
     n = system.ranks
+
+    def call(seconds: float) -> float:
+        return max(system.call_floor, system.call_overhead + seconds)
+
     if n <= 1:
-        return system.call_overhead
+        return call(0.0)
     if algorithm == "ring":
-        return system.call_overhead + _ring(system, nbytes, n, 1, n)
+        return call(_ring(system, nbytes, n, 1, n))
     if algorithm == "direct":
-        return system.call_overhead + _direct(system, nbytes, n)
+        return call(_direct(system, nbytes, n))
     if algorithm in ("recursive_doubling", "rabenseifner"):
-        return system.call_overhead + _power_of_two(system, nbytes, n, algorithm == "rabenseifner")
+        return call(_power_of_two(system, nbytes, n, algorithm == "rabenseifner"))
     if algorithm in SHARED_MEMORY_ALGORITHMS:
         if system.nodes > 1:
             raise ValueError(f"{algorithm} needs every rank on one host (shared memory); "
                              f"this system has {system.nodes} nodes")
         if algorithm == "one_shot":  # copy S into shared memory, then reduce all n buffers: one step
-            return system.call_overhead + _steps(system, 1, 1, n, nbytes, (n - 1) * nbytes)
+            return call(_steps(system, 1, 1, n, nbytes, (n - 1) * nbytes))
         # two_shot: each rank reduces its slice of every buffer, then copies the others' slices
-        return system.call_overhead + _steps(system, 2, 1, n, 2 * nbytes * (n - 1) / n, nbytes * (n - 1) / n)
+        return call(_steps(system, 2, 1, n, 2 * nbytes * (n - 1) / n, nbytes * (n - 1) / n))
     if algorithm == "torus":
         if shape is None:
             shapes = torus_shapes(n)
@@ -225,8 +237,8 @@ def allreduce_seconds(system: System, algorithm: str, nbytes: float,
         if rows * cols != n:
             raise ValueError(f"torus shape {rows}x{cols} does not hold {n} ranks")
         # Row reduce-scatter and allgather (one call each), a ring allreduce of S/c down the columns.
-        return (3 * system.call_overhead + _ring(system, nbytes, cols, 1, cols)
-                + _ring(system, nbytes / cols, rows, cols, n))
+        return call(2 * system.call_overhead + _ring(system, nbytes, cols, 1, cols)
+                    + _ring(system, nbytes / cols, rows, cols, n))
     raise ValueError(f"no model for allreduce algorithm {algorithm!r}; known: "
                      f"{', '.join(ALGORITHMS + SHARED_MEMORY_ALGORITHMS)}")
 
@@ -256,7 +268,7 @@ def images_per_second_per_node(system: System, algorithm: str, shape: tuple[int,
 
 
 FITTED = ("link_latency", "link_bandwidth", "local_latency", "local_bandwidth", "reduce_rate",
-          "message_overhead", "call_overhead")
+          "message_overhead", "call_overhead", "call_floor")
 
 
 @dataclass(frozen=True)
@@ -315,9 +327,12 @@ def fit(system: System, measurements: list[Measurement], rounds: int = 60,
     def error(candidate: System) -> float:
         return sum((predict(candidate, m) / m.seconds - 1) ** 2 for m in measurements)
 
-    # Zero overheads cannot be scaled: start them small but not zero.
+    # Zero overheads cannot be scaled: start them small but not zero. A floor below every
+    # prediction changes nothing, so scaling it would never move it: start it at half the
+    # fastest call measured.
     current = dataclasses.replace(system, message_overhead=system.message_overhead or 1e-6,
-                                  call_overhead=system.call_overhead or 1e-6)
+                                  call_overhead=system.call_overhead or 1e-6,
+                                  call_floor=system.call_floor or min(m.seconds for m in measurements) / 2)
     best = error(current)
     factor = 4.0
     for _ in range(rounds):
@@ -376,6 +391,7 @@ _OPTIONS = {  # System field -> (parser, help)
     "reduce_rate": (parse_rate, "bytes/s one rank reduces"),
     "message_overhead": (parse_seconds, "per extra concurrent message (direct)"),
     "call_overhead": (parse_seconds, "per collective call (the torus makes three)"),
+    "call_floor": (parse_seconds, "the least an allreduce takes (ranks outnumbering cores); 0 elsewhere"),
     "compute_seconds": (parse_seconds, "compute time of one training step"),
     "backward_share": (float, "share of the compute that overlaps the allreduces"),
     "gradient_bytes": (_byte_count, "gradient bytes per step, e.g. 100M"),
