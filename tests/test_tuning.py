@@ -35,6 +35,17 @@ def test_table_takes_each_sizes_winner_and_switches_between_sizes():
                      Rule("ring", (4 << 20) + 1, MAX_BYTES))
 
 
+def test_an_algorithm_not_run_at_a_size_never_wins_there():
+    """null: the algorithm's group runs another at that size (one_shot above its slot), so the
+    table must not name it there however the others compare."""
+    times = {"one_shot": [10.0, None, None, None], "two_shot": [20.0, 50.0, 300.0, 900.0],
+             "ring": [30.0, 40.0, 200.0, 1000.0]}
+    assert tuning.rules_from_measurements(SIZES, times) == (
+        Rule("one_shot", 0, 16384), Rule("ring", 16385, 4 << 20), Rule("two_shot", (4 << 20) + 1, MAX_BYTES))
+    with pytest.raises(ValueError, match="at least one algorithm"):
+        tuning.rules_from_measurements(SIZES, {"one_shot": [10.0, None, 1.0, 1.0]})
+
+
 def test_layout_key_reflects_world_grid_and_hosts():
     assert layout_of(4) == tuning.Layout(4, (2, 2), (4,), "shm")
     assert layout_of(4, transport="tcp") == tuning.Layout(4, (2, 2), (4,), "tcp")

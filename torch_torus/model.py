@@ -299,14 +299,19 @@ def load_measurements(paths: list[str]) -> list[Measurement]:
                     if algorithm not in MODELLED:
                         continue
                     for nbytes, us in zip(entry["measured"]["sizes"], times):
+                        if us is None:  # the algorithm does not run at that size
+                            continue
                         found.append(Measurement(len(per_host), per_host[0], algorithm, nbytes, us * 1e-6, shape))
         else:  # bench --json
             per_host = list(document["hosts"].values())
             n = document["world_size"]
             shape = (len(per_host), per_host[0]) if len(per_host) > 1 and per_host[0] > 1 else default_shape(n)
             for row in document["rows"]:
-                algorithm = row.get("options", {}).get("allreduce")
-                if row["backend"] == "torus" and algorithm in MODELLED and row["time_us"]:
+                # A fixed contender's row, as the algorithm that ran (one_shot's group runs
+                # two_shot above its shared-memory slot).
+                fixed = row.get("options", {}).get("allreduce")
+                algorithm = row.get("algorithm") or fixed
+                if row["backend"] == "torus" and fixed in MODELLED and algorithm in MODELLED and row["time_us"]:
                     found.append(Measurement(len(per_host), per_host[0], algorithm, row["size_bytes"],
                                              row["time_us"] * 1e-6, shape))
     return found

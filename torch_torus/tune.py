@@ -7,6 +7,8 @@
 The algorithms are those `auto` chooses among for this job (torch_torus.selection's
 allreduce_candidates: the torus only where the job has a grid), each in its own process group
 with the job's other settings (TORUS_TORUS_DIMS, TORUS_TORUS_INNER, TORUS_CHUNK_BYTES, ...).
+At a size where an algorithm's group would run another (one_shot above its shared-memory slot
+runs two_shot) it is not measured: the file holds null there, and the table cannot choose it.
 At each size every algorithm is timed in turn, for several rounds in a new order each, so that
 drift of the machine hits all alike; an algorithm's time at a size is the best round's
 (interference from other work only ever adds time), each round the mean of its calls on the
@@ -133,7 +135,7 @@ def main(argv: list[str] | None = None) -> None:
                      "--min-round-ms >= 0")
     output = args.output or os.environ.get(tuning.VARIABLE) or "torus_tuning.json"
 
-    import torch_torus  # noqa: F401  (registers the backend)
+    import torch_torus  # registers the backend
 
     dist.init_process_group(backend="gloo")  # barriers and gathering times, alike for every algorithm
     bootstrap = dist.group.WORLD
@@ -154,24 +156,28 @@ def main(argv: list[str] | None = None) -> None:
               f"{human_size(sizes[0])}-{human_size(sizes[-1])} x{args.factor}; {args.rounds} rounds of "
               f"{args.iters} calls after {args.warmup} warmup", flush=True)
 
-    progress = Progress(len(sizes) * args.rounds * len(algorithms), enabled=rank == 0)
-    time_us: dict[str, list[float]] = {a: [] for a in algorithms}
+    elements = {size: max(1, size // 4) for size in sizes}
+    runs = {size: [a for a in algorithms if torch_torus.algorithm_for("allreduce", 4 * elements[size], groups[a]) == a]
+            for size in sizes}
+    progress = Progress(sum(len(r) for r in runs.values()) * args.rounds, enabled=rank == 0)
+    time_us: dict[str, list[float | None]] = {a: [] for a in algorithms}
     for size in sizes:
-        tensor = torch.zeros(max(1, size // 4), dtype=torch.float32)
-        best = torch.full((len(algorithms),), float("inf"), dtype=torch.float64)
-        calls = [args.iters] * len(algorithms)
+        measured = runs[size]
+        tensor = torch.zeros(elements[size], dtype=torch.float32)
+        best = torch.full((len(measured),), float("inf"), dtype=torch.float64)
+        calls = [args.iters] * len(measured)
         for round_index in range(args.rounds):
-            seconds = torch.zeros(len(algorithms), dtype=torch.float64)
-            for k, index in enumerate(round_order(len(algorithms), round_index)):
-                seconds[index] = round_seconds(tensor, groups[algorithms[index]], calls[index], args, bootstrap)
-                last = round_index == args.rounds - 1 and k == len(algorithms) - 1
-                progress.step(f"{human_size(size)} {algorithms[index]}", size_finished=last)
+            seconds = torch.zeros(len(measured), dtype=torch.float64)
+            for k, index in enumerate(round_order(len(measured), round_index)):
+                seconds[index] = round_seconds(tensor, groups[measured[index]], calls[index], args, bootstrap)
+                last = round_index == args.rounds - 1 and k == len(measured) - 1
+                progress.step(f"{human_size(size)} {measured[index]}", size_finished=last)
             dist.all_reduce(seconds, op=dist.ReduceOp.MAX, group=bootstrap)  # the slowest rank
             if round_index == 0:
                 calls = calls_per_round(seconds, args)
             best = torch.minimum(best, seconds)
-        for index, algorithm in enumerate(algorithms):
-            time_us[algorithm].append(best[index].item() * 1e6)
+        for algorithm in algorithms:
+            time_us[algorithm].append(best[measured.index(algorithm)].item() * 1e6 if algorithm in measured else None)
     progress.finish()
 
     if rank == 0:
@@ -181,10 +187,11 @@ def main(argv: list[str] | None = None) -> None:
                  "min_round_ms": args.min_round_ms}
         entry = tuning.make_entry(layout, sizes, time_us, about)
         tuning.write(output, entry)
-        print(f"# {'size':>10} " + " ".join(f"{a:>18}" for a in algorithms) + "   (us, best round)")
+        print(f"# {'size':>10} " + " ".join(f"{a:>18}" for a in algorithms)
+              + "   (us, best round; -: the algorithm's group runs another at that size)")
         for i, size in enumerate(sizes):
-            print(f"  {size:>10} " + " ".join(f"{time_us[a][i]:>18.1f}" for a in algorithms)
-                  + f"   {min(algorithms, key=lambda a: time_us[a][i])}")
+            cells = (f"{time_us[a][i]:>18.1f}" if time_us[a][i] is not None else f"{'-':>18}" for a in algorithms)
+            print(f"  {size:>10} " + " ".join(cells) + f"   {min(runs[size], key=lambda a: time_us[a][i])}")
         print(f"# wrote {output}: {layout}")
         print(f'TORUS_ALLREDUCE="{entry["allreduce"]}"', flush=True)
     dist.destroy_process_group()

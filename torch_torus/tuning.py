@@ -10,6 +10,9 @@ the cost model. User rules (TORUS_ALLREDUCE) still win over both.
                   "allreduce": "recursive_doubling:0-262143;ring:262144-max",
                   "measured": {"sizes": [...], "time_us": {"ring": [...], ...}}, ...}]}
 
+A time of null: the algorithm does not run at that size (one_shot's group runs two_shot above
+its shared-memory slot), so it was not measured there and cannot be chosen there.
+
 The version changes whenever the meaning of a field changes; a file of another version is
 refused rather than guessed at, since a misread table silently slows every step of training.
 Version 2 added the transport: the same 4 ranks rank the algorithms differently over shared
@@ -71,15 +74,17 @@ class Entry:
         return ";".join(str(rule) for rule in self.allreduce)
 
 
-def rules_from_measurements(sizes: list[int], time_us: dict[str, list[float]]) -> tuple[Rule, ...]:
+def rules_from_measurements(sizes: list[int], time_us: dict[str, list[float | None]]) -> tuple[Rule, ...]:
     """A table covering every size: the fastest algorithm at each measured size, switching at the
     geometric mean of two measured sizes (they are spaced by a factor, so that is halfway on the
     scale they were chosen on). Below the smallest and above the largest size the nearest
-    measurement's winner applies."""
+    measurement's winner applies. A time of None (the algorithm does not run at that size) never wins."""
     if not sizes or any(len(times) != len(sizes) for times in time_us.values()):
         raise ValueError("every algorithm needs one time per measured size")
+    if any(all(times[i] is None for times in time_us.values()) for i in range(len(sizes))):
+        raise ValueError("every measured size needs a time of at least one algorithm")
     order = sorted(range(len(sizes)), key=lambda i: sizes[i])
-    winners = [min(time_us, key=lambda a: time_us[a][i]) for i in order]
+    winners = [min((a for a in time_us if time_us[a][i] is not None), key=lambda a: time_us[a][i]) for i in order]
     ordered = [sizes[i] for i in order]
     rules: list[Rule] = []
     lo = 0
@@ -93,7 +98,7 @@ def rules_from_measurements(sizes: list[int], time_us: dict[str, list[float]]) -
     return tuple(rules)
 
 
-def make_entry(layout: Layout, sizes: list[int], time_us: dict[str, list[float]], about: dict) -> dict:
+def make_entry(layout: Layout, sizes: list[int], time_us: dict[str, list[float | None]], about: dict) -> dict:
     """An entry as stored: the layout key, the chosen table and the measurements behind it."""
     rules = rules_from_measurements(sizes, time_us)
     return {**layout.to_json(), "allreduce": ";".join(str(r) for r in rules),
