@@ -526,11 +526,12 @@ class Row:
         }
 
 
-def time_contender(collective: Collective, buffers: Buffers, call: Callable[[], None],
+def time_contender(collective: Collective, buffers: Buffers, call: Callable[[], None], calls: int,
                    pattern: CheckPattern, args: argparse.Namespace, bootstrap: dist.ProcessGroup,
                    synchronize: Callable[[], None]) -> float:
-    """Mean seconds per call on this rank. Every call is waited for before the next one is
-    issued: that is the latency a caller sees, and it keeps calls from racing on one buffer."""
+    """Mean seconds per call over `calls` calls on this rank. Every call is waited for before the
+    next one is issued: that is the latency a caller sees, and it keeps calls from racing on one
+    buffer."""
     # Each contender starts from the same data: an in-place allreduce repeated grows its values.
     collective.fill(buffers, pattern)
     for _ in range(args.warmup):
@@ -538,10 +539,10 @@ def time_contender(collective: Collective, buffers: Buffers, call: Callable[[], 
     synchronize()
     dist.barrier(group=bootstrap)
     start = time.perf_counter()
-    for _ in range(args.iters):
+    for _ in range(calls):
         call()
         synchronize()
-    return (time.perf_counter() - start) / args.iters
+    return (time.perf_counter() - start) / calls
 
 
 def check_contender(collective: Collective, buffers: Buffers, count: int, call: Callable[[], None],
@@ -563,6 +564,13 @@ def round_order(count: int, round_index: int) -> list[int]:
     return order
 
 
+def calls_per_round(first_round: list[float], iters: int, min_round_ms: float) -> list[int]:
+    """Calls per round for each contender after the first round (its seconds per call there, the
+    same on every rank): enough to last `min_round_ms`, up to 100x `iters`. A round of a few small
+    calls is mostly the wake-ups after the barrier that starts it; more calls average them out."""
+    return [min(100 * iters, max(iters, math.ceil(min_round_ms / 1e3 / max(t, 1e-9)))) for t in first_round]
+
+
 def measure_size(count: int, collective: Collective, args: argparse.Namespace,
                  pattern: CheckPattern, bootstrap: dist.ProcessGroup, device: torch.device,
                  synchronize: Callable[[], None]) -> list[Row]:
@@ -573,10 +581,15 @@ def measure_size(count: int, collective: Collective, args: argparse.Namespace,
 
     calls = [contender.bind(collective, buffers, args.op) for contender in contenders]
     seconds = [[0.0] * len(calls) for _ in range(args.rounds)]
+    per_round = [args.iters] * len(calls)
     for round_index in range(args.rounds):
         for index in round_order(len(calls), round_index):
-            seconds[round_index][index] = time_contender(collective, buffers, calls[index], pattern, args,
-                                                         bootstrap, synchronize)
+            seconds[round_index][index] = time_contender(collective, buffers, calls[index], per_round[index],
+                                                         pattern, args, bootstrap, synchronize)
+        if round_index == 0 and args.rounds > 1 and args.min_round_ms > 0:
+            first = torch.tensor(seconds[0], dtype=torch.float64)
+            dist.all_reduce(first, op=dist.ReduceOp.MAX, group=bootstrap)
+            per_round = calls_per_round(first.tolist(), args.iters, args.min_round_ms)
     wrong = [check_contender(collective, buffers, count, call, pattern, synchronize)
              for call in calls] if args.check else []
     # The slowest rank sets a round's time, as in nccl-tests; the best round counts (other work
@@ -677,7 +690,9 @@ def header(collective: Collective, args: argparse.Namespace, hostnames: list[str
         f"# {describe_hosts(hostnames)}",
         f"# {args.iters} timed calls after {args.warmup} warmup calls per size and contender, each "
         "call waited for before the next" + (
-            f"; {args.rounds} rounds of every contender in turn, the best round counts" if args.rounds > 1 else ""),
+            f"; {args.rounds} rounds of every contender in turn, the best round counts" if args.rounds > 1 else "") + (
+            f"; after the first round, as many calls as last {args.min_round_ms:g} ms"
+            if args.rounds > 1 and args.min_round_ms > 0 else ""),
         f"# time = mean per call, slowest rank; algbw = size / time; "
         f"busbw = algbw * {collective.bus_factor_doc} (n = {collective.world_size})",
         f"# torch {torch.__version__}" + (
@@ -744,6 +759,7 @@ def write_json(path: str, collective: Collective, args: argparse.Namespace, host
         "iters": args.iters,
         "warmup": args.warmup,
         "rounds": args.rounds,
+        "min_round_ms": args.min_round_ms,
         "torch_version": torch.__version__,
         "contenders": [{"label": c.label, "backend": c.backend, "options": c.options,
                         "library": c.library} for c in args.contenders],
@@ -830,6 +846,10 @@ def build_parser() -> argparse.ArgumentParser:
                              "order each round, and a contender's time is its best round's, so that "
                              "drift of a shared machine hits every contender alike (default: "
                              "%(default)s)")
+    parser.add_argument("--min-round-ms", type=float, default=0.0,
+                        help="with --rounds > 1: after the first round, more calls per round where "
+                             "--iters would take less than this (small sizes), up to 100x --iters, as "
+                             "python -m torch_torus.tune does (default: %(default)s, off)")
     parser.add_argument(
         "--backends", "--backend", dest="backends", action="append", metavar="SPEC",
         help="contenders to compare, separated by ',' or ';' or given by repeating the flag. "
@@ -867,8 +887,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         parser.error("--min-bytes is larger than --max-bytes")
     if args.factor < 2:
         parser.error("--factor must be at least 2")
-    if args.iters < 1 or args.warmup < 0 or args.rounds < 1:
-        parser.error("--iters and --rounds must be at least 1 and --warmup at least 0")
+    if args.iters < 1 or args.warmup < 0 or args.rounds < 1 or args.min_round_ms < 0:
+        parser.error("--iters and --rounds must be at least 1, --warmup and --min-round-ms at least 0")
     if args.op == "avg" and not DTYPES[args.dtype].is_floating_point:
         parser.error("--op avg needs a floating --dtype")
     if any(contender.backend == MPI_CONTENDER for contender in args.contenders):

@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import argparse
 import datetime
-import math
 import os
 import sys
 import time
@@ -33,7 +32,7 @@ import torch
 import torch.distributed as dist
 
 from . import tuning
-from .bench import human_size, parse_size, round_order
+from .bench import calls_per_round, human_size, parse_size, round_order
 from .config import Options, resolve
 from .selection import allreduce_candidates
 from .topology import choose_grid, choose_transport, host_identity
@@ -116,13 +115,6 @@ def round_seconds(tensor: torch.Tensor, group: dist.ProcessGroup, calls: int, ar
     return (time.perf_counter() - start) / calls
 
 
-def calls_per_round(first_round: torch.Tensor, args: argparse.Namespace) -> list[int]:
-    """Calls per round for each algorithm after the first round (its seconds per call, the same on
-    every rank): enough to last --min-round-ms, so that small sizes average over more calls."""
-    return [min(100 * args.iters, max(args.iters, math.ceil(args.min_round_ms / 1e3 / max(t, 1e-9))))
-            for t in first_round.tolist()]
-
-
 def main(argv: list[str] | None = None) -> None:
     parser = build_parser()
     args = parser.parse_args(argv)
@@ -174,7 +166,7 @@ def main(argv: list[str] | None = None) -> None:
                 progress.step(f"{human_size(size)} {measured[index]}", size_finished=last)
             dist.all_reduce(seconds, op=dist.ReduceOp.MAX, group=bootstrap)  # the slowest rank
             if round_index == 0:
-                calls = calls_per_round(seconds, args)
+                calls = calls_per_round(seconds.tolist(), args.iters, args.min_round_ms)
             best = torch.minimum(best, seconds)
         for algorithm in algorithms:
             time_us[algorithm].append(best[measured.index(algorithm)].item() * 1e6 if algorithm in measured else None)
