@@ -35,12 +35,18 @@ std::string ArrivalBoard::keyOf(int rank) const {
 }
 
 void ArrivalBoard::entered(uint64_t seq, std::chrono::milliseconds timeout) {
+  bool wake;
   {
     std::lock_guard<std::mutex> lock(mutex_);
     current_ = seq;
     publishAt_ = std::chrono::steady_clock::now() + std::min(kMaxPublishDelay, timeout / 4);
+    wake = publishAt_ < wakeAt_;
   }
-  changed_.notify_all();
+  // Only a collective due before the thread's next look needs a wake-up (a group timeout under
+  // a second): a wake-up per collective would cost small collectives a context switch each.
+  if (wake) {
+    changed_.notify_all();
+  }
 }
 
 void ArrivalBoard::left() {
@@ -52,27 +58,29 @@ void ArrivalBoard::run() {
   std::unique_lock<std::mutex> lock(mutex_);
   uint64_t attempted = 0; // written or not, a collective is offered to the store once
   while (!stopping_) {
-    if (current_ == 0 || current_ == attempted) {
-      changed_.wait(lock);
+    const auto now = std::chrono::steady_clock::now();
+    const bool pending = current_ != 0 && current_ != attempted;
+    if (pending && now >= publishAt_) {
+      const uint64_t seq = current_;
+      attempted = seq;
+      lock.unlock();
+      bool written = true;
+      try {
+        store_->set(keyOf(rank_), std::to_string(seq));
+      } catch (const std::exception&) {
+        // A store that is gone leaves timeout errors without the missing ranks; nothing else needs it.
+        written = false;
+      }
+      lock.lock();
+      if (written) {
+        published_ = seq;
+      }
       continue;
     }
-    const uint64_t seq = current_;
-    if (changed_.wait_until(lock, publishAt_, [&] { return stopping_ || current_ != seq; })) {
-      continue;
-    }
-    attempted = seq;
-    lock.unlock();
-    bool written = true;
-    try {
-      store_->set(keyOf(rank_), std::to_string(seq));
-    } catch (const std::exception&) {
-      // A store that is gone leaves timeout errors without the missing ranks; nothing else needs it.
-      written = false;
-    }
-    lock.lock();
-    if (written) {
-      published_ = seq;
-    }
+    // Look again when the collective in progress is due, else after the longest delay: a
+    // collective entered meanwhile is due no sooner (entered() wakes the thread if it is).
+    wakeAt_ = pending ? publishAt_ : now + kMaxPublishDelay;
+    changed_.wait_until(lock, wakeAt_);
   }
 }
 

@@ -51,6 +51,7 @@ class ArrivalBoard {
   uint64_t current_ = 0; // the collective the worker is in; 0 between collectives
   uint64_t published_ = 0; // the last collective this rank wrote to the store
   std::chrono::steady_clock::time_point publishAt_;
+  std::chrono::steady_clock::time_point wakeAt_{}; // when the thread looks next; the epoch before it first waits
   bool stopping_ = false;
   std::thread thread_;
 };
