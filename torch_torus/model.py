@@ -225,8 +225,10 @@ def allreduce_seconds(system: System, algorithm: str, nbytes: float,
                              f"this system has {system.nodes} nodes")
         if algorithm == "one_shot":  # copy S into shared memory, then reduce all n buffers: one step
             return call(_steps(system, 1, 1, n, nbytes, (n - 1) * nbytes))
-        # two_shot: each rank reduces its slice of every buffer, then copies the others' slices
-        return call(_steps(system, 2, 1, n, 2 * nbytes * (n - 1) / n, nbytes * (n - 1) / n))
+        # two_shot: each rank reduces its slice of every buffer, then writes it into the others'.
+        # Its 2S(n-1)/n bytes are single copies between the ranks' own buffers, where a message
+        # is copied twice (into a shared slot, out of it): charged as S(n-1)/n sent.
+        return call(_steps(system, 2, 1, n, nbytes * (n - 1) / n, nbytes * (n - 1) / n))
     if algorithm == "torus":
         if shape is None:
             shapes = torus_shapes(n)
