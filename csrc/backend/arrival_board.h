@@ -12,10 +12,8 @@
 #include <condition_variable>
 #include <cstdint>
 #include <mutex>
-#include <optional>
 #include <string>
 #include <thread>
-#include <vector>
 
 #include <torch/csrc/distributed/c10d/Store.hpp>
 
