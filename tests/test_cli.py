@@ -8,7 +8,6 @@ import os
 import subprocess
 import sys
 
-
 from test_bench_mpi import REPOSITORY, run_bounded
 from torch_torus import tuning
 from torch_torus.bench import calls_per_round

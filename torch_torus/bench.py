@@ -581,15 +581,15 @@ def measure_size(count: int, collective: Collective, args: argparse.Namespace,
 
     calls = [contender.bind(collective, buffers, args.op) for contender in contenders]
     seconds = [[0.0] * len(calls) for _ in range(args.rounds)]
-    per_round = [args.iters] * len(calls)
+    round_calls = [args.iters] * len(calls)  # timed calls per round, for each contender
     for round_index in range(args.rounds):
         for index in round_order(len(calls), round_index):
-            seconds[round_index][index] = time_contender(collective, buffers, calls[index], per_round[index],
+            seconds[round_index][index] = time_contender(collective, buffers, calls[index], round_calls[index],
                                                          pattern, args, bootstrap, synchronize)
         if round_index == 0 and args.rounds > 1 and args.min_round_ms > 0:
             first = torch.tensor(seconds[0], dtype=torch.float64)
             dist.all_reduce(first, op=dist.ReduceOp.MAX, group=bootstrap)
-            per_round = calls_per_round(first.tolist(), args.iters, args.min_round_ms)
+            round_calls = calls_per_round(first.tolist(), args.iters, args.min_round_ms)
     wrong = [check_contender(collective, buffers, count, call, pattern, synchronize)
              for call in calls] if args.check else []
     # The slowest rank sets a round's time, as in nccl-tests; the best round counts (other work
