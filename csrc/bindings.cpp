@@ -3,7 +3,10 @@
 #include <pybind11/stl.h>
 #include <torch/python.h>
 
+#include "backend/algorithm_catalog.h"
 #include "backend/process_group_torus.h"
+#include "collectives/blocks.h"
+#include "transport/shm/shm_transport.h"
 #ifdef TORUS_WITH_CUDA
 #include "reduce/cuda/reduce_cuda.h"
 #endif
@@ -39,6 +42,26 @@ PYBIND11_MODULE(_C, module) {
   module.doc() = "torch-torus: collective communication backend for torch.distributed";
   // c10d's Python types must exist before we derive from them.
   py::module::import("torch.distributed");
+
+  // The algorithm catalog, for the Python configuration, selection, cost model, tuner and bench.
+  module.def("algorithm_catalog", [] {
+    py::list entries;
+    for (const auto& entry : torus::algorithmCatalog()) {
+      py::list needs;
+      for (const auto& requirement : entry.needs) {
+        needs.append(py::dict(py::arg("need") = torus::needName(requirement.need),
+                              py::arg("instead") = torus::algorithmName(requirement.instead)));
+      }
+      entries.append(py::dict(py::arg("collective") = entry.collective, py::arg("name") = entry.name,
+                              py::arg("needs") = needs, py::arg("torus_inner") = entry.torusInner,
+                              py::arg("auto_up_to_bytes") = entry.autoUpToBytes));
+    }
+    return entries;
+  });
+  // Constants the cost model and the tuner must share with the algorithms.
+  module.attr("CHUNKS_IN_FLIGHT") = torus::kChunksInFlight;
+  module.attr("DEFAULT_CHUNK_BYTES") = torus::Chunking().chunkBytes;
+  module.attr("SHM_SLOT_BYTES") = torus::ShmTransport::kSlotBytes;
 
   py::class_<torus::AlgorithmRule>(module, "AlgorithmRule")
       .def(py::init([](const std::string& algorithm, uint64_t lo, uint64_t hi) {

@@ -26,9 +26,6 @@ __all__ = ["Options", "ConfigError", "SETTINGS", "BACKEND_NAME", "algorithm_for"
 
 BACKEND_NAME = "torus"
 _LOG_LEVELS = {"warn": 0, "info": 1, "debug": 2}
-# Collectives that have one algorithm each, so no setting chooses among several.
-_SINGLE_ALGORITHM = {"alltoall": "pairwise", "reduce": "binomial", "gather": "direct", "scatter": "direct",
-                     "barrier": "dissemination"}
 
 
 def group_config(values: dict, size: int, hosts: list[str], address: str = "127.0.0.1",
@@ -116,8 +113,7 @@ def algorithm_for(collective: str, nbytes: int, group: dist.ProcessGroup | None 
     "alltoall", "reduce", "gather", "scatter" or "barrier" (one algorithm each); nbytes counts
     the call's largest buffer, as nccl-tests do (allgather: the output, reduce_scatter: the input).
     """
-    backend = _torus_backend(group, "algorithm_for")
-    return _SINGLE_ALGORITHM.get(collective) or backend.algorithm_for(collective, nbytes)
+    return _torus_backend(group, "algorithm_for").algorithm_for(collective, nbytes)
 
 
 # CUDA is listed so that CUDA tensors reach the backend and get its clear "not supported yet"

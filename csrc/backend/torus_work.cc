@@ -40,6 +40,13 @@ std::string GroupFailure::get() const {
   return what_;
 }
 
+void GroupFailure::throwIfFailed(const std::string& context) const {
+  const std::string earlier = get();
+  if (!earlier.empty()) {
+    C10_THROW_ERROR(DistBackendError, context + ": the group is unusable after an earlier failure: " + earlier);
+  }
+}
+
 TorusWork::TorusWork(int rank, c10d::OpType opType, const char* profilingTitle, std::vector<at::Tensor> outputs,
                      uint64_t seq, const std::optional<std::vector<at::Tensor>>& inputs, std::string context,
                      std::shared_ptr<const ArrivalBoard> arrivals)

@@ -30,6 +30,8 @@ class GroupFailure {
   void record(const std::string& what);
   // The recorded failure; empty while there is none.
   std::string get() const;
+  // Raises DistBackendError naming `context` and the recorded failure, if there is one.
+  void throwIfFailed(const std::string& context) const;
 
  private:
   mutable std::mutex mutex_;

@@ -1,0 +1,159 @@
+#include "backend/collective_executor.h"
+
+#include <sstream>
+
+#include "backend/log.h"
+#include "backend/tensor_checks.h"
+
+namespace torus {
+
+CollectiveExecutor::CollectiveExecutor(int rank, int size, std::string groupName, int logLevel,
+                                       std::shared_ptr<Transport> transport, Comm& comm,
+                                       std::shared_ptr<ArrivalBoard> arrivals, std::shared_ptr<GroupFailure> failure)
+    : rank_(rank),
+      size_(size),
+      groupName_(std::move(groupName)),
+      logLevel_(logLevel),
+      transport_(std::move(transport)),
+      comm_(comm),
+      arrivals_(std::move(arrivals)),
+      failure_(std::move(failure)),
+      worker_(&CollectiveExecutor::runWorker, this) {}
+
+CollectiveExecutor::~CollectiveExecutor() {
+  stop(false);
+}
+
+uint64_t CollectiveExecutor::issued() {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return issued_;
+}
+
+c10::intrusive_ptr<c10d::Work> CollectiveExecutor::enqueue(const CallDescription& call,
+                                                           std::vector<at::Tensor> outputs,
+                                                           std::vector<at::Tensor> inputs,
+                                                           std::chrono::milliseconds timeout, Body body) {
+  const char* title = call.title();
+  std::unique_lock<std::mutex> lock(mutex_);
+  TORUS_CHECK(!stopping_, title, " called on a process group that has been shut down or aborted");
+  const uint64_t seq = ++issued_;
+  std::ostringstream context;
+  context << title << " #" << seq << " (rank " << rank_ << " of " << size_ << ", group '" << groupName_ << "')";
+  auto work = c10::make_intrusive<TorusWork>(rank_, call.type, title, std::move(outputs), seq, std::move(inputs),
+                                            context.str(), arrivals_);
+  queue_.push_back(Job{work, context.str(), timeout, call.signature(), std::move(body)});
+  lock.unlock();
+  queueChanged_.notify_one();
+  return work;
+}
+
+void CollectiveExecutor::runWorker() {
+  for (;;) {
+    Job job;
+    {
+      std::unique_lock<std::mutex> lock(mutex_);
+      // Spin briefly before sleeping: a caller issuing collectives back to back hands over the
+      // next one within microseconds, and a condition-variable sleep would cost a wake-up.
+      const auto spinUntil = Clock::now() + kSpinBeforeSleep;
+      while (!stopping_ && queue_.empty() && Clock::now() < spinUntil) {
+        lock.unlock();
+        std::this_thread::yield();
+        lock.lock();
+      }
+      queueChanged_.wait(lock, [&] { return stopping_ || !queue_.empty(); });
+      if (queue_.empty()) {
+        return;
+      }
+      job = std::move(queue_.front());
+      queue_.pop_front();
+    }
+    std::exception_ptr error;
+    try {
+      failure_->throwIfFailed(job.context);
+      error = run(job);
+    } catch (...) {
+      error = std::current_exception();
+    }
+    if (error) {
+      job.work->fail(error);
+    } else {
+      job.work->complete();
+    }
+  }
+}
+
+std::exception_ptr CollectiveExecutor::run(Job& job) {
+  const uint64_t seq = job.work->getSequencenumber();
+  std::exception_ptr error;
+  try {
+    if (logLevel_ >= 2) {
+      logLine(rank_, job.context);
+    }
+    comm_.setTag(seq);
+    comm_.setCall(job.call);
+    comm_.setDeadline(Clock::now() + job.timeout);
+    recentCalls_[seq % recentCalls_.size()] = {seq, job.call};
+    arrivals_->entered(seq, job.timeout);
+    job.body(comm_);
+    if (auto stray = transport_->strayMessage(seq)) {
+      const auto& [callSeq, call] = recentCalls_[stray->tag % recentCalls_.size()];
+      throw CommError(CommError::Kind::kMismatch, "stray message",
+                      CallMismatch{stray->peer, stray->tag, callSeq == stray->tag ? call : CallSignature{},
+                                   stray->call});
+    }
+  } catch (const CommError& e) {
+    const std::string what = explain(e, seq);
+    const std::string failure = job.context + ": " + what;
+    failure_->record(failure);
+    error = asTorchError(std::make_exception_ptr(CommError(e.kind(), what)), job.context);
+    // The failed collective's other sends and receives still point into its buffers and the
+    // scratch; end them all before those are freed or reused.
+    transport_->abort(failure);
+  } catch (...) {
+    error = asTorchError(std::current_exception(), job.context);
+  }
+  arrivals_->left();
+  return error;
+}
+
+std::string CollectiveExecutor::explain(const CommError& error, uint64_t seq) const {
+  if (error.mismatch()) {
+    const CallMismatch& mismatch = *error.mismatch();
+    std::string what = "ranks called different collectives";
+    if (mismatch.tag != seq) {
+      what += " at #" + std::to_string(mismatch.tag);
+    }
+    return what + ": rank " + std::to_string(rank_) + " called " +
+           (mismatch.mine.kind != 0 ? describeCall(mismatch.mine) : std::string("another collective")) + ", rank " +
+           std::to_string(mismatch.peer) + " called " + describeCall(mismatch.theirs);
+  }
+  std::string what = error.what();
+  if (error.kind() == CommError::Kind::kTimeout) {
+    if (auto missing = arrivals_->describeMissing(seq); !missing.empty()) {
+      what += "; " + missing;
+    }
+  }
+  return what;
+}
+
+void CollectiveExecutor::stop(bool abortPending) {
+  std::deque<Job> abandoned;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    stopping_ = true;
+    if (abortPending) {
+      abandoned.swap(queue_);
+    }
+  }
+  queueChanged_.notify_all();
+  for (auto& job : abandoned) {
+    job.work->fail(asTorchError(
+        std::make_exception_ptr(CommError(CommError::Kind::kAborted, "the process group was aborted")), job.context));
+  }
+  if (worker_.joinable()) {
+    worker_.join();
+  }
+  arrivals_->stop();
+}
+
+} // namespace torus

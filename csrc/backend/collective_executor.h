@@ -1,0 +1,77 @@
+// CollectiveExecutor: the group's one worker thread and its failure policy. Collectives are
+// queued as jobs and run in issue order, which is the same on every rank; each returns a
+// TorusWork at once. A job's failure is recorded for the group (later calls fail fast naming
+// it), turned into the error torch users catch (DistBackendError for a peer's death, a timeout,
+// a mismatch or an abort — naming the ranks that never came, or both sides of a mismatch), and
+// aborts the transport before the job's buffers are freed.
+#pragma once
+
+#include <array>
+#include <chrono>
+#include <condition_variable>
+#include <deque>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+
+#include "backend/arrival_board.h"
+#include "backend/call_description.h"
+#include "backend/torus_work.h"
+#include "comm/comm.h"
+
+namespace torus {
+
+class CollectiveExecutor {
+ public:
+  using Body = std::function<void(Comm&)>;
+
+  // Runs jobs on `comm`, whose transport it aborts when a job fails.
+  CollectiveExecutor(int rank, int size, std::string groupName, int logLevel, std::shared_ptr<Transport> transport,
+                     Comm& comm, std::shared_ptr<ArrivalBoard> arrivals, std::shared_ptr<GroupFailure> failure);
+  ~CollectiveExecutor();
+
+  // Queues `body`; the returned work completes with `outputs`. Every message of the call carries
+  // its signature, which every rank must agree on.
+  c10::intrusive_ptr<c10d::Work> enqueue(const CallDescription& call, std::vector<at::Tensor> outputs,
+                                         std::vector<at::Tensor> inputs, std::chrono::milliseconds timeout, Body body);
+  // The sequence number of the last collective issued.
+  uint64_t issued();
+  // Ends the worker once the queue is empty; with abortPending, fails queued jobs first.
+  void stop(bool abortPending);
+
+ private:
+  struct Job {
+    c10::intrusive_ptr<TorusWork> work;
+    std::string context;
+    std::chrono::milliseconds timeout;
+    CallSignature call;
+    Body body;
+  };
+  void runWorker();
+  // Runs one job; the error for its work, or null when it succeeded.
+  std::exception_ptr run(Job& job);
+  // The text of a transport's failure, naming the absent ranks or both sides of a mismatch.
+  std::string explain(const CommError& error, uint64_t seq) const;
+
+  const int rank_;
+  const int size_;
+  const std::string groupName_;
+  const int logLevel_;
+  std::shared_ptr<Transport> transport_;
+  Comm& comm_;
+  std::shared_ptr<ArrivalBoard> arrivals_;
+  std::shared_ptr<GroupFailure> failure_;
+
+  std::mutex mutex_;
+  std::condition_variable queueChanged_;
+  std::deque<Job> queue_;
+  uint64_t issued_ = 0;
+  bool stopping_ = false;
+  // The worker's last calls by sequence number, to describe a mismatch found a few calls late.
+  std::array<std::pair<uint64_t, CallSignature>, 16> recentCalls_{};
+  std::thread worker_;
+};
+
+} // namespace torus

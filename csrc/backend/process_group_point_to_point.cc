@@ -1,0 +1,67 @@
+// The point-to-point entry points: send, recv and recv from any source. They bypass the
+// executor: posted straight to the transport, so that a rank's isend and irecv never wait for
+// each other or for queued collectives.
+#include "backend/process_group_torus.h"
+#include "backend/tensor_checks.h"
+#include "backend/tensor_staging.h"
+
+namespace torus {
+
+namespace {
+
+uint64_t p2pTag(int tag) {
+  TORUS_CHECK_ARG(tag >= 0, "point-to-point tags must not be negative, got ", tag);
+  return kP2PTagBase + static_cast<uint64_t>(tag);
+}
+
+} // namespace
+
+std::string ProcessGroupTorus::p2pContext(const std::string& what) {
+  return "torus:" + what + ", p2p #" + std::to_string(++p2pIssued_) + " (rank " + std::to_string(rank_) +
+         ", group '" + groupName_ + "')";
+}
+
+c10::intrusive_ptr<c10d::Work> ProcessGroupTorus::postPointToPoint(c10d::OpType type, const char* title, int peer,
+                                                                   int tag, at::Tensor& tensor,
+                                                                   const std::string& what) {
+  const std::string context = p2pContext(what);
+  failure_->throwIfFailed(context);
+  const uint64_t wireTag = p2pTag(tag);
+  RequestPtr request;
+  at::Tensor buffer;
+  if (type == c10d::OpType::SEND) {
+    buffer = contiguousBuffer(tensor);
+    traffic_->count(peer, bytesOf(buffer));
+    request = transport_->isend(peer, wireTag, CallSignature{}, buffer.data_ptr(), bytesOf(buffer));
+  } else {
+    buffer = tensor.is_contiguous() ? tensor : at::empty_like(tensor, at::MemoryFormat::Contiguous);
+    request = transport_->irecv(peer, wireTag, CallSignature{}, buffer.data_ptr(), bytesOf(buffer));
+  }
+  return c10::make_intrusive<TorusP2PWork>(rank_, type, title, transport_, request, tensor, buffer, timeout_, context,
+                                           failure_);
+}
+
+c10::intrusive_ptr<c10d::Work> ProcessGroupTorus::send(std::vector<at::Tensor>& tensors, int dstRank, int tag) {
+  checkSingle(tensors.size(), "send");
+  checkPeer(dstRank, rank_, size_, "send dst");
+  checkTensor(tensors[0], "send tensor");
+  return postPointToPoint(c10d::OpType::SEND, "torus:send", dstRank, tag, tensors[0],
+                          "send to rank " + std::to_string(dstRank) + " tag " + std::to_string(tag));
+}
+
+c10::intrusive_ptr<c10d::Work> ProcessGroupTorus::recv(std::vector<at::Tensor>& tensors, int srcRank, int tag) {
+  checkSingle(tensors.size(), "recv");
+  checkPeer(srcRank, rank_, size_, "recv src");
+  checkOutput(tensors[0], "recv tensor");
+  return postPointToPoint(c10d::OpType::RECV, "torus:recv", srcRank, tag, tensors[0],
+                          "recv from rank " + std::to_string(srcRank) + " tag " + std::to_string(tag));
+}
+
+c10::intrusive_ptr<c10d::Work> ProcessGroupTorus::recvAnysource(std::vector<at::Tensor>& tensors, int tag) {
+  checkSingle(tensors.size(), "recv");
+  checkOutput(tensors[0], "recv tensor");
+  return postPointToPoint(c10d::OpType::RECVANYSOURCE, "torus:recv_anysource", kAnyPeer, tag, tensors[0],
+                          "recv from any rank, tag " + std::to_string(tag));
+}
+
+} // namespace torus

@@ -1,0 +1,41 @@
+// TorusConfig: everything the Python shim resolved from TORUS_* variables and pg_options for
+// one group.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "backend/algorithm_catalog.h"
+#include "comm/comm.h"
+
+namespace torus {
+
+// Use `algorithm` for calls of lo..hi bytes (inclusive).
+struct AlgorithmRule {
+  uint64_t lo = 0;
+  uint64_t hi = UINT64_MAX;
+  std::string algorithm;
+};
+
+struct TorusConfig {
+  // "tcp", "shm" when every rank of the group shares this host's memory, or "shm+tcp".
+  std::string transport = "tcp";
+  std::string address = "127.0.0.1";
+  int64_t chunkBytes = static_cast<int64_t>(Chunking().chunkBytes);
+  // Per collective ("allreduce", "allgather", "reduce_scatter", "broadcast"), rules that cover
+  // every size: the user's TORUS_<COLLECTIVE> rules with the gaps filled by the automatic choice.
+  // A collective without rules uses its first algorithm in the catalog.
+  std::map<std::string, std::vector<AlgorithmRule>> algorithms;
+  // The torus grid as rows of ranks (all rows the same length); empty when the world has none.
+  std::vector<std::vector<int>> torusRows;
+  std::string torusInner = algorithmName(Algorithm::kRing);
+  // The host of each rank, as indices (ranks with the same index share a host); empty: all
+  // ranks count as one host.
+  std::vector<int> hosts;
+  // 0 warn, 1 info, 2 debug.
+  int logLevel = 0;
+};
+
+} // namespace torus

@@ -1,0 +1,75 @@
+#include "backend/transport_factory.h"
+
+#include <torch/csrc/distributed/c10d/exception.h>
+
+#include "backend/tensor_checks.h"
+#include "transport/hybrid_transport.h"
+#include "transport/rendezvous.h"
+
+namespace torus {
+
+namespace {
+
+class StoreRendezvous : public Rendezvous {
+ public:
+  explicit StoreRendezvous(c10::intrusive_ptr<c10d::Store> store) : store_(std::move(store)) {}
+  void set(const std::string& key, const std::string& value) override {
+    store_->set(key, std::vector<uint8_t>(value.begin(), value.end()));
+  }
+  std::string get(const std::string& key) override {
+    auto value = store_->get(key);
+    return std::string(value.begin(), value.end());
+  }
+
+ private:
+  c10::intrusive_ptr<c10d::Store> store_;
+};
+
+} // namespace
+
+GroupTransport buildTransport(const c10::intrusive_ptr<c10d::Store>& store, int rank, int size,
+                              std::chrono::milliseconds timeout, const TorusConfig& config,
+                              const std::string& groupName) {
+  TORUS_CHECK_ARG(config.transport == "tcp" || config.transport == "shm" || config.transport == "shm+tcp",
+                  "unknown transport '", config.transport, "'; expected tcp, shm or shm+tcp");
+  TORUS_CHECK_ARG(config.hosts.empty() || config.hosts.size() == static_cast<size_t>(size), config.hosts.size(),
+                  " host indices for a group of ", size, " ranks");
+  GroupTransport group;
+  group.sameHost.assign(static_cast<size_t>(size), true);
+  std::vector<int> hostMembers;
+  for (size_t r = 0; r < config.hosts.size(); ++r) {
+    group.sameHost[r] = config.hosts[r] == config.hosts[static_cast<size_t>(rank)];
+    if (group.sameHost[r]) {
+      hostMembers.push_back(static_cast<int>(r));
+    }
+  }
+  StoreRendezvous rendezvous(store);
+  try {
+    TcpOptions tcp;
+    tcp.address = config.address;
+    tcp.timeout = timeout;
+    if (config.transport == "shm") {
+      auto shm = std::make_shared<ShmTransport>(rank, size, rendezvous);
+      group.description = std::string("shared memory (") +
+                          (shm->singleCopy() ? "single-copy transfers" : "no single-copy transfers: two_shot off") +
+                          ")";
+      group.sharedMemory = true;
+      group.singleCopy = shm->singleCopy();
+      group.transport = std::move(shm);
+    } else if (config.transport == "shm+tcp") {
+      TORUS_CHECK_ARG(!hostMembers.empty(), "transport shm+tcp needs the ranks' hosts");
+      group.transport = std::make_shared<HybridTransport>(
+          std::make_unique<TcpTransport>(rank, size, rendezvous, tcp),
+          std::make_unique<ShmTransport>(rank, size, rendezvous, hostMembers), group.sameHost);
+      group.description = "shared memory inside each host, tcp between hosts (" + config.address + ")";
+    } else {
+      group.transport = std::make_shared<TcpTransport>(rank, size, rendezvous, tcp);
+      group.description = "tcp (" + config.address + ")";
+    }
+  } catch (const CommError& e) {
+    C10_THROW_ERROR(DistBackendError, std::string("torus: cannot create group '") + groupName + "': " + e.what());
+  }
+  return group;
+}
+
+} // namespace torus
