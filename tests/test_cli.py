@@ -10,7 +10,7 @@ import sys
 
 from test_bench_mpi import REPOSITORY, run_bounded
 from torch_torus import tuning
-from torch_torus.bench import calls_per_round
+from torch_torus.bench.timing import calls_per_round
 
 
 def run_torchrun(arguments: list[str]) -> str:

@@ -32,7 +32,8 @@ import torch
 import torch.distributed as dist
 
 from . import tuning
-from .bench import calls_per_round, human_size, parse_size, round_order
+from .bench.sizes import human_size, parse_size
+from .bench.timing import calls_per_round, round_order
 from .config import Options, resolve
 from .selection import allreduce_candidates
 from .topology import choose_grid, choose_transport, host_identity
