@@ -1,12 +1,14 @@
 """torch_torus.launch: torch's env:// variables from MPICH's and Open MPI's mpiexec and from
 Slurm's srun, in one process, with the environment and the MPI communicator played by
 stand-ins; init_from_mpi/init_from_slurm/init_from_launcher up to a one-rank torus group; the
-TCP address the backend picks from the group's store."""
+TCP address the backend picks: from the group's store, or TORUS_SOCKET_IFNAME's interface."""
 
 from __future__ import annotations
 
 import socket
+from types import SimpleNamespace
 
+import psutil
 import pytest
 
 import torch
@@ -18,6 +20,7 @@ from torch_torus.launch import (MpiLaunch, MpiLaunchError, SlurmLaunch, SlurmLau
                                 expand_hostlist, expand_tasks_per_node, init_env_from_launcher,
                                 init_env_from_mpi, init_env_from_slurm, mpi_launch_from_env,
                                 slurm_launch_from_env)
+from torch_torus.network import local_address
 from torch_torus.topology import check_addresses, rendezvous_environ
 
 # What each mpiexec sets for the second of four ranks on one host (seen with MPICH 5.0.2's
@@ -287,7 +290,8 @@ def test_init_from_a_launcher_makes_a_torus_group(clean_environ, how):
 
 
 # --------------------------------------------------------------------------------------------
-# The TCP address: routed to the group's TCPStore; loopback across hosts fails at once
+# The TCP address: routed to the group's TCPStore; loopback across hosts fails at once; an
+# interface's address, as psutil lists it
 
 
 def test_the_address_routes_to_the_tcpstore():
@@ -312,3 +316,25 @@ def test_a_loopback_address_across_hosts_is_refused():
     store.set("torus/addr/1", "127.0.0.1")
     with pytest.raises(ConfigError, match="rank 1 would listen on 127.0.0.1"):
         check_addresses(store, 0, 2, ["a", "b"], "10.0.0.1", "")
+
+
+def test_interface_address_of_loopback():
+    assert local_address("lo") == "127.0.0.1"
+    assert local_address("", environ={"MASTER_ADDR": "127.0.0.1"}) == "127.0.0.1"
+
+
+def test_the_interface_address_is_its_first_ipv4_address(monkeypatch):
+    def entry(family, address):
+        return SimpleNamespace(family=family, address=address, netmask=None, broadcast=None, ptp=None)
+
+    interfaces = {
+        "ib0": [entry(psutil.AF_LINK, "80:00:02:08"), entry(socket.AF_INET6, "fe80::1"),
+                entry(socket.AF_INET, "10.1.2.3"), entry(socket.AF_INET, "10.9.9.9")],
+        "tap0": [entry(psutil.AF_LINK, "02:00:00:00:00:01")],
+    }
+    monkeypatch.setattr(psutil, "net_if_addrs", lambda: interfaces)
+    assert local_address("ib0") == "10.1.2.3"
+    with pytest.raises(ConfigError, match="TORUS_SOCKET_IFNAME='tap0': the interface has no IPv4 address"):
+        local_address("tap0")
+    with pytest.raises(ConfigError, match="TORUS_SOCKET_IFNAME='eth9': the interface does not exist here"):
+        local_address("eth9")
