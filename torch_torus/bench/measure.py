@@ -65,12 +65,11 @@ def measure_size(count: int, collective: Collective, args: argparse.Namespace,
     # Each contender starts from the same data: an in-place allreduce repeated grows its values.
     seconds = best_round_seconds(calls, RoundPlan.of(args), bootstrap, synchronize=synchronize,
                                  reset=lambda: collective.fill(buffers, pattern))
-    wrong = [check_contender(collective, buffers, count, call, pattern, synchronize)
-             for call in calls] if args.check else []
-    # Wrong elements add up over ranks.
+    wrong: list[int | None] = [None] * len(calls)
     if args.check:
-        wrong_tensor = torch.tensor(wrong, dtype=torch.int64)
-        dist.all_reduce(wrong_tensor, group=bootstrap)
+        wrong_tensor = torch.tensor([check_contender(collective, buffers, count, call, pattern, synchronize)
+                                     for call in calls], dtype=torch.int64)
+        dist.all_reduce(wrong_tensor, group=bootstrap)  # wrong elements add up over ranks
         wrong = wrong_tensor.tolist()
 
     rows = []
@@ -80,7 +79,7 @@ def measure_size(count: int, collective: Collective, args: argparse.Namespace,
         rows.append(Row(
             contender=contender, size_bytes=size_bytes, count=count, time_us=time_s * 1e6,
             algbw=algbw, busbw=algbw * collective.bus_factor(),
-            wrong=wrong[index] if args.check else None,
+            wrong=wrong[index],
             algorithm=contender.algorithm(collective.name, size_bytes)))
     return rows
 
