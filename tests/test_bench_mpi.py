@@ -17,7 +17,7 @@ import sys
 
 import pytest
 
-from torch_torus import bench
+from torch_torus.bench import cli
 
 REPOSITORY = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 RUN_BOUND_S = 180  # start-up of 2 ranks with torch, 3 contenders, 3 sizes; a few seconds when idle
@@ -94,4 +94,4 @@ def test_mpi_contender_without_mpiexec_says_how_to_launch(monkeypatch, launcher_
         monkeypatch.setenv(name, value)
     with pytest.raises(SystemExit, match="must be started by mpiexec .*\n  mpiexec -n 4 python -m "
                                          "torch_torus.bench"):
-        bench.main(["--backends", "gloo;mpi"])
+        cli.main(["--backends", "gloo;mpi"])

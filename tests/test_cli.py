@@ -1,5 +1,6 @@
 """The command-line tools under torchrun, as a user starts them: the bench (2 ranks, tiny sizes,
-several rounds, every result checked) and the tuner (a tuning file a later group takes)."""
+several rounds, every result checked) and the tuner (a tuning file a later group takes); and the
+rounds both time with (torch_torus.bench.timing), in one process."""
 
 from __future__ import annotations
 
@@ -8,9 +9,12 @@ import os
 import subprocess
 import sys
 
+import pytest
+import torch.distributed as dist
+
 from test_bench_mpi import REPOSITORY, run_bounded
 from torch_torus import tuning
-from torch_torus.bench import calls_per_round
+from torch_torus.bench import timing
 
 
 def run_torchrun(arguments: list[str]) -> str:
@@ -47,6 +51,7 @@ def test_tune_writes_an_entry_for_the_job_and_prints_it(tmp_path):
     output = run_torchrun(["-m", "torch_torus.tune", "-b", "4K", "-e", "1M", "-f", "16", "-n", "2", "-w", "1",
                            "-r", "2", "--min-round-ms", "5", "-o", str(path)])
     assert "2 ranks, no grid, 1 host(s) with 2 ranks, over shm" in output, output
+    assert "round/s" not in output, output  # no progress bar where stderr is not a terminal
     [entry] = tuning.read(str(path))
     assert entry.layout == tuning.Layout(2, None, (2,), "shm")
     measured = entry.record["measured"]
@@ -65,4 +70,38 @@ def test_tune_writes_an_entry_for_the_job_and_prints_it(tmp_path):
 
 def test_small_sizes_get_more_calls_per_round():
     # 1 ms calls: 50 of them; 0.1 ms: capped at 100 x iters; 100 ms: never fewer than --iters.
-    assert calls_per_round([1e-3, 1e-4, 0.1], iters=5, min_round_ms=50.0) == [50, 500, 5]
+    assert timing.calls_per_round([1e-3, 1e-4, 0.1], iters=5, min_round_ms=50.0) == [50, 500, 5]
+
+
+@pytest.fixture
+def one_rank_group():
+    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    yield dist.group.WORLD
+    dist.destroy_process_group()
+
+
+def test_rounds_time_each_contender_in_a_new_order_and_keep_its_best_round(one_rank_group, monkeypatch):
+    # Each contender's seconds per call in rounds 0, 1, 2, as time_calls would measure them.
+    script = [[3e-3, 1e-3, 2e-3], [1e-4, 2e-4, 5e-5], [0.2, 0.1, 0.3]]
+    timed = []  # (contender, calls) in the order timed
+
+    def scripted_time_calls(call, calls, warmup, bootstrap, synchronize):
+        index = call()
+        round_index = sum(1 for done, _ in timed if done == index)
+        timed.append((index, calls))
+        return script[index][round_index]
+
+    monkeypatch.setattr(timing, "time_calls", scripted_time_calls)
+    resets, finished = [], []
+    plan = timing.RoundPlan(iters=5, warmup=1, rounds=3, min_round_ms=50.0)
+    best = timing.best_round_seconds([lambda: 0, lambda: 1, lambda: 2], plan, one_rank_group,
+                                     reset=lambda: resets.append(True), timed=finished.append)
+
+    assert best == [1e-3, 5e-5, 0.1]
+    order = [index for round_index in range(3) for index in timing.round_order(3, round_index)]
+    assert [index for index, _ in timed] == order == finished
+    assert len(resets) == 9  # every contender's round starts from reset data
+    # --iters in the first round, then enough to last --min-round-ms: 17 of 3 ms, 500 (the cap) of
+    # 0.1 ms, never fewer than --iters.
+    calls = {index: [count for done, count in timed if done == index] for index in range(3)}
+    assert calls == {0: [5, 17, 17], 1: [5, 500, 500], 2: [5, 5, 5]}

@@ -83,8 +83,3 @@ def test_bad_option_names_keyword():
         config.resolve(config.Options(chunk_bytes="nope"), environ={})
     with pytest.raises(config.ConfigError, match="unknown setting.*chunk_size"):
         config.Options(chunk_size=5)
-
-
-def test_interface_address_of_loopback():
-    assert config.local_address("lo") == "127.0.0.1"
-    assert config.local_address("", environ={"MASTER_ADDR": "127.0.0.1"}) == "127.0.0.1"

@@ -25,7 +25,7 @@ import pytest
 
 import harness
 import torch_torus
-from torch_torus import config, tuning
+from torch_torus import config, network, tuning
 from torch_torus.config import SETTINGS, ConfigError, MAX_BYTES, shown
 
 BY_NAME = {s.name: s for s in SETTINGS}
@@ -129,7 +129,7 @@ def outcome(name: str, value: str) -> str:
         return f"{name}={value!r} parsed to {parsed!r}; rendered {rendered!r} parses to {again!r}"
     try:
         if setting.option == "socket_ifname":
-            config.local_address(parsed)
+            network.local_address(parsed)
         tuning = torch_torus.read_tuning(parsed) if setting.option == "tuning_file" and parsed else None
         for size, hosts in LAYOUTS:
             try:

@@ -1,12 +1,14 @@
 """torch_torus.launch: torch's env:// variables from MPICH's and Open MPI's mpiexec and from
 Slurm's srun, in one process, with the environment and the MPI communicator played by
 stand-ins; init_from_mpi/init_from_slurm/init_from_launcher up to a one-rank torus group; the
-TCP address the backend picks from the group's store."""
+TCP address the backend picks: from the group's store, or TORUS_SOCKET_IFNAME's interface."""
 
 from __future__ import annotations
 
 import socket
+from types import SimpleNamespace
 
+import psutil
 import pytest
 
 import torch
@@ -15,9 +17,10 @@ import torch.distributed as dist
 import torch_torus
 from torch_torus.config import ConfigError
 from torch_torus.launch import (MpiLaunch, MpiLaunchError, SlurmLaunch, SlurmLaunchError,
-                                expand_hostlist, expand_tasks_per_node, init_env_from_launcher,
-                                init_env_from_mpi, init_env_from_slurm, mpi_launch_from_env,
-                                slurm_launch_from_env)
+                                _start_rendezvous_store, expand_hostlist, expand_tasks_per_node,
+                                init_env_from_launcher, init_env_from_mpi, init_env_from_slurm,
+                                mpi_launch_from_env, slurm_launch_from_env)
+from torch_torus.network import local_address
 from torch_torus.topology import check_addresses, rendezvous_environ
 
 # What each mpiexec sets for the second of four ranks on one host (seen with MPICH 5.0.2's
@@ -76,12 +79,15 @@ def test_bad_launcher_variables_are_named(change, message):
         mpi_launch_from_env(environ)
 
 
-def test_rank_0_picks_loopback_and_a_free_port_on_one_host():
+def test_rank_0_picks_loopback_and_the_port_of_a_store_it_started_on_one_host():
     environ = {**OPEN_MPI_RANK_1, "OMPI_COMM_WORLD_RANK": "0", "OMPI_COMM_WORLD_LOCAL_RANK": "0"}
     host = socket.gethostname()
     init_env_from_mpi(FakeComm(0, 4, [host] * 4), environ)
     assert environ["MASTER_ADDR"] == "127.0.0.1"
-    assert 0 < int(environ["MASTER_PORT"]) < 65536
+    # A store answers there already: the port was never released for another process to take.
+    client = dist.TCPStore("127.0.0.1", int(environ["MASTER_PORT"]), is_master=False, wait_for_workers=False)
+    client.set("probe", "1")
+    assert client.get("probe") == b"1"
     assert (environ["RANK"], environ["WORLD_SIZE"], environ["LOCAL_RANK"],
             environ["LOCAL_WORLD_SIZE"]) == ("0", "4", "0", "4")
 
@@ -252,12 +258,6 @@ def clean_environ(monkeypatch):
     return monkeypatch
 
 
-def _free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
-
-
 @pytest.mark.parametrize("how", ["mpi", "slurm", "launcher"])
 def test_init_from_a_launcher_makes_a_torus_group(clean_environ, how):
     if how == "mpi":
@@ -271,7 +271,8 @@ def test_init_from_a_launcher_makes_a_torus_group(clean_environ, how):
         for name, value in {"SLURM_PROCID": "0", "SLURM_NTASKS": "1", "SLURM_LOCALID": "0",
                             "SLURM_NODEID": "0", "SLURM_TASKS_PER_NODE": "1",
                             "SLURM_JOB_NODELIST": "localhost",
-                            "MASTER_PORT": str(_free_port())}.items():
+                            # Rank 0's env:// rendezvous takes this store, started on a port the kernel picked.
+                            "MASTER_PORT": str(_start_rendezvous_store("127.0.0.1"))}.items():
             clean_environ.setenv(name, value)
         start = (lambda: torch_torus.init_from_slurm(timeout=30)) if how == "slurm" else (  # noqa: E731
             lambda: torch_torus.init_from_launcher(timeout=30))
@@ -287,12 +288,13 @@ def test_init_from_a_launcher_makes_a_torus_group(clean_environ, how):
 
 
 # --------------------------------------------------------------------------------------------
-# The TCP address: routed to the group's TCPStore; loopback across hosts fails at once
+# The TCP address: routed to the group's TCPStore; loopback across hosts fails at once; an
+# interface's address, as psutil lists it
 
 
 def test_the_address_routes_to_the_tcpstore():
-    port = _free_port()
-    server = dist.TCPStore("127.0.0.1", port, 1, True, wait_for_workers=False)
+    server = dist.TCPStore("127.0.0.1", 0, 1, True, wait_for_workers=False)
+    port = server.port
     store = dist.PrefixStore("group", dist.PrefixStore("default_pg", server))
     environ = rendezvous_environ(store, {"MASTER_ADDR": "elsewhere", "X": "1"})
     assert (environ["MASTER_ADDR"], environ["MASTER_PORT"], environ["X"]) == (
@@ -312,3 +314,25 @@ def test_a_loopback_address_across_hosts_is_refused():
     store.set("torus/addr/1", "127.0.0.1")
     with pytest.raises(ConfigError, match="rank 1 would listen on 127.0.0.1"):
         check_addresses(store, 0, 2, ["a", "b"], "10.0.0.1", "")
+
+
+def test_interface_address_of_loopback():
+    assert local_address("lo") == "127.0.0.1"
+    assert local_address("", environ={"MASTER_ADDR": "127.0.0.1"}) == "127.0.0.1"
+
+
+def test_the_interface_address_is_its_first_ipv4_address(monkeypatch):
+    def entry(family, address):
+        return SimpleNamespace(family=family, address=address, netmask=None, broadcast=None, ptp=None)
+
+    interfaces = {
+        "ib0": [entry(psutil.AF_LINK, "80:00:02:08"), entry(socket.AF_INET6, "fe80::1"),
+                entry(socket.AF_INET, "10.1.2.3"), entry(socket.AF_INET, "10.9.9.9")],
+        "tap0": [entry(psutil.AF_LINK, "02:00:00:00:00:01")],
+    }
+    monkeypatch.setattr(psutil, "net_if_addrs", lambda: interfaces)
+    assert local_address("ib0") == "10.1.2.3"
+    with pytest.raises(ConfigError, match="TORUS_SOCKET_IFNAME='tap0': the interface has no IPv4 address"):
+        local_address("tap0")
+    with pytest.raises(ConfigError, match="TORUS_SOCKET_IFNAME='eth9': the interface does not exist here"):
+        local_address("eth9")

@@ -13,8 +13,9 @@ import torch
 import torch.distributed as dist
 
 from . import _C
-from .config import SETTINGS, ConfigError, Options, local_address, resolve
+from .config import SETTINGS, ConfigError, Options, resolve
 from .launch import init_from_launcher, init_from_mpi, init_from_slurm
+from .network import local_address
 from .selection import describe, resolve_tables
 from .topology import (check_addresses, choose_grid, choose_transport, exchange_host_ids, host_identity,
                        publish_failure, rendezvous_environ)

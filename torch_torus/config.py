@@ -14,12 +14,10 @@ to the same value (tests/test_config_fuzz.py checks it for thousands of values).
 
 from __future__ import annotations
 
-import fcntl
 import os
 import re
 from decimal import Decimal
 import socket
-import struct
 from dataclasses import dataclass
 from typing import Any, Callable, Mapping
 
@@ -368,35 +366,6 @@ def shown(value: Any) -> str:
     """repr(value) for an error message, cut short when long."""
     text = repr(value)
     return text if len(text) <= _SHOWN else text[:_SHOWN - 5] + "...'"
-
-
-def _interface_address(name: str) -> str:
-    siocgifaddr = 0x8915
-    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
-        try:
-            packed = fcntl.ioctl(probe.fileno(), siocgifaddr, struct.pack("256s", name.encode()[:15]))
-        except OSError as error:
-            raise ConfigError(f"TORUS_SOCKET_IFNAME={name!r}: the interface has no IPv4 address ({error})") from None
-    return socket.inet_ntoa(packed[20:24])
-
-
-def local_address(ifname: str, environ: Mapping[str, str] | None = None) -> str:
-    """The IPv4 address this rank listens on and publishes to its peers."""
-    environ = os.environ if environ is None else environ
-    if ifname:
-        return _interface_address(ifname)
-    master = environ.get("MASTER_ADDR")
-    if master:
-        try:
-            with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
-                probe.connect((master, int(environ.get("MASTER_PORT", "29500") or 29500)))
-                return probe.getsockname()[0]
-        except OSError:
-            pass
-    try:
-        return socket.gethostbyname(socket.gethostname())
-    except OSError:
-        return "127.0.0.1"
 
 
 def markdown_table() -> str:

@@ -8,9 +8,9 @@ torch's variables, so that ``dist.init_process_group(...)`` (env://) works in a 
     mpiexec -n 4 python train.py              (Open MPI)
 
 without Slurm. Ranks come from the launcher's variables. The rendezvous (the TCPStore) is on
-rank 0: rank 0 picks a free port and broadcasts it over MPI (mpi4py). MASTER_ADDR and
-MASTER_PORT that are set already (e.g. `mpiexec -x MASTER_ADDR=... -x MASTER_PORT=...`) are
-kept; with both set, mpi4py is not needed.
+rank 0: rank 0 starts it on a port the kernel picks and broadcasts the port over MPI (mpi4py).
+MASTER_ADDR and MASTER_PORT that are set already (e.g. `mpiexec -x MASTER_ADDR=... -x
+MASTER_PORT=...`) are kept; with both set, mpi4py is not needed.
 
 Slurm's srun sets no env:// variables either: ``init_env_from_slurm()`` derives them from
 SLURM_PROCID, SLURM_NTASKS, SLURM_LOCALID, SLURM_NODEID and SLURM_TASKS_PER_NODE, with
@@ -92,22 +92,31 @@ def mpi_launch_from_env(environ: Mapping[str, str] | None = None) -> MpiLaunch |
     return None
 
 
-def _free_port() -> int:
-    """A TCP port that is free now; the TCPStore of rank 0 binds it moments later."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
-        probe.bind(("", 0))
-        return probe.getsockname()[1]
+# Rank 0's rendezvous store, kept for the life of the process (the multi-tenant cache that
+# hands it to init_process_group holds it weakly).
+_rendezvous_store = None
+
+
+def _start_rendezvous_store(address: str) -> int:
+    """Start the TCPStore that the job will rendezvous at, on a port the kernel picks, and return
+    the port. init_process_group's env:// rendezvous on this rank asks for a multi-tenant store
+    on that port and is given this one: the port is never released between choice and use."""
+    global _rendezvous_store
+    import torch.distributed as dist
+
+    _rendezvous_store = dist.TCPStore(address, 0, is_master=True, wait_for_workers=False, multi_tenant=True)
+    return _rendezvous_store.port
 
 
 def agree_on_master(comm) -> tuple[str, int]:
     """MASTER_ADDR and MASTER_PORT, the same on every rank of `comm` (an mpi4py communicator):
-    rank 0's host and a port free there. Loopback when every rank runs on one host, so that a
-    single-host job depends on no network configuration."""
+    rank 0's host and the port of the store it starts there. Loopback when every rank runs on
+    one host, so that a single-host job depends on no network configuration."""
     hostnames = comm.allgather(socket.gethostname())
     chosen = None
     if comm.Get_rank() == 0:
         address = "127.0.0.1" if len(set(hostnames)) == 1 else hostnames[0]
-        chosen = (address, _free_port())
+        chosen = (address, _start_rendezvous_store(address))
     return comm.bcast(chosen, root=0)
 
 

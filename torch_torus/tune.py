@@ -9,11 +9,12 @@ allreduce_candidates: the torus only where the job has a grid), each in its own 
 with the job's other settings (TORUS_TORUS_DIMS, TORUS_TORUS_INNER, TORUS_CHUNK_BYTES, ...).
 At a size where an algorithm's group would run another (one_shot above its shared-memory slot
 runs two_shot) it is not measured: the file holds null there, and the table cannot choose it.
-At each size every algorithm is timed in turn, for several rounds in a new order each, so that
-drift of the machine hits all alike; an algorithm's time at a size is the best round's
-(interference from other work only ever adds time), each round the mean of its calls on the
-slowest rank: --iters calls in the first round, and after it as many as last --min-round-ms, so
-that small sizes, where one call is a few scheduling delays, average over more.
+At each size the algorithms are timed as the bench times its contenders (torch_torus.bench.timing):
+in turn, for several rounds in a new order each, so that drift of the machine hits all alike; an
+algorithm's time at a size is the best round's (interference from other work only ever adds
+time), each round the mean of its calls on the slowest rank: --iters calls in the first round,
+and after it as many as last --min-round-ms, so that small sizes, where one call is a few
+scheduling delays, average over more. Rank 0 shows a progress bar on a terminal.
 
 The file keeps one entry per job layout (world size, torus grid, ranks per host, transport); tuning a
 layout again replaces its entry and keeps the others. Runs under torchrun or any launcher that
@@ -26,13 +27,14 @@ import argparse
 import datetime
 import os
 import sys
-import time
 
 import torch
 import torch.distributed as dist
+from tqdm import tqdm
 
 from . import tuning
-from .bench import calls_per_round, human_size, parse_size, round_order
+from .bench.sizes import human_size, parse_size, size_steps
+from .bench.timing import RoundPlan, best_round_seconds
 from .config import Options, resolve
 from .selection import allreduce_candidates
 from .topology import choose_grid, choose_transport, host_identity
@@ -68,53 +70,6 @@ def print_file(path: str) -> None:
         print(f'TORUS_ALLREDUCE="{entry.range_string}"')
 
 
-class Progress:
-    """A progress bar on rank 0's stderr: redrawn in place on a terminal, a line per size in a log."""
-
-    def __init__(self, total: int, enabled: bool):
-        self.total, self.done, self.enabled = total, 0, enabled
-        self.in_place = enabled and sys.stderr.isatty()
-        self.started = time.perf_counter()
-
-    def step(self, label: str, size_finished: bool) -> None:
-        self.done += 1
-        if not self.enabled or not (self.in_place or size_finished):
-            return
-        width = 30
-        filled = width * self.done // self.total
-        elapsed = time.perf_counter() - self.started
-        remaining = elapsed / self.done * (self.total - self.done)
-        line = (f"[{'#' * filled}{'.' * (width - filled)}] {self.done}/{self.total} {label:<28} "
-                f"{elapsed:5.0f} s, ~{remaining:.0f} s left")
-        print(("\r" + line) if self.in_place else line, end="" if self.in_place else "\n",
-              file=sys.stderr, flush=True)
-
-    def finish(self) -> None:
-        if self.in_place:
-            print(file=sys.stderr, flush=True)
-
-
-def sizes_to_measure(args: argparse.Namespace) -> list[int]:
-    sizes, size = [], args.min_bytes
-    while size <= args.max_bytes:
-        sizes.append(size)
-        size *= args.factor
-    return sizes
-
-
-def round_seconds(tensor: torch.Tensor, group: dist.ProcessGroup, calls: int, args: argparse.Namespace,
-                  bootstrap: dist.ProcessGroup) -> float:
-    """Mean seconds per call over one round of `calls` calls, on this rank; every call waited for
-    in turn."""
-    for _ in range(args.warmup):
-        dist.all_reduce(tensor, group=group)
-    dist.barrier(group=bootstrap)
-    start = time.perf_counter()
-    for _ in range(calls):
-        dist.all_reduce(tensor, group=group)
-    return (time.perf_counter() - start) / calls
-
-
 def main(argv: list[str] | None = None) -> None:
     parser = build_parser()
     args = parser.parse_args(argv)
@@ -142,7 +97,7 @@ def main(argv: list[str] | None = None) -> None:
     # Each algorithm fixed for every size; tuning_file="" so that an existing file plays no part.
     groups = {a: dist.new_group(backend="torus", pg_options=Options(allreduce=a, tuning_file=""))
               for a in algorithms}
-    sizes = sizes_to_measure(args)
+    sizes = size_steps(args.min_bytes, args.max_bytes, args.factor)
     if rank == 0:
         print(f"# torch_torus.tune: {layout}; algorithms {', '.join(algorithms)}; sizes "
               f"{human_size(sizes[0])}-{human_size(sizes[-1])} x{args.factor}; {args.rounds} rounds of "
@@ -151,26 +106,24 @@ def main(argv: list[str] | None = None) -> None:
     elements = {size: max(1, size // 4) for size in sizes}
     runs = {size: [a for a in algorithms if torch_torus.algorithm_for("allreduce", 4 * elements[size], groups[a]) == a]
             for size in sizes}
-    progress = Progress(sum(len(r) for r in runs.values()) * args.rounds, enabled=rank == 0)
+    # On rank 0's terminal only: a log (mpiexec, srun, a redirect) gets the table at the end.
+    progress = tqdm(total=sum(len(r) for r in runs.values()) * args.rounds, file=sys.stderr, unit="round",
+                    disable=rank != 0 or not sys.stderr.isatty())
+    plan = RoundPlan.of(args)
     time_us: dict[str, list[float | None]] = {a: [] for a in algorithms}
     for size in sizes:
         measured = runs[size]
         tensor = torch.zeros(elements[size], dtype=torch.float32)
-        best = torch.full((len(measured),), float("inf"), dtype=torch.float64)
-        calls = [args.iters] * len(measured)
-        for round_index in range(args.rounds):
-            seconds = torch.zeros(len(measured), dtype=torch.float64)
-            for k, index in enumerate(round_order(len(measured), round_index)):
-                seconds[index] = round_seconds(tensor, groups[measured[index]], calls[index], args, bootstrap)
-                last = round_index == args.rounds - 1 and k == len(measured) - 1
-                progress.step(f"{human_size(size)} {measured[index]}", size_finished=last)
-            dist.all_reduce(seconds, op=dist.ReduceOp.MAX, group=bootstrap)  # the slowest rank
-            if round_index == 0:
-                calls = calls_per_round(seconds.tolist(), args.iters, args.min_round_ms)
-            best = torch.minimum(best, seconds)
+        calls = [lambda group=groups[a], tensor=tensor: dist.all_reduce(tensor, group=group) for a in measured]
+
+        def timed(index: int) -> None:
+            progress.set_description(f"{human_size(size)} {measured[index]}", refresh=False)
+            progress.update()
+
+        best = best_round_seconds(calls, plan, bootstrap, timed=timed)
         for algorithm in algorithms:
-            time_us[algorithm].append(best[measured.index(algorithm)].item() * 1e6 if algorithm in measured else None)
-    progress.finish()
+            time_us[algorithm].append(best[measured.index(algorithm)] * 1e6 if algorithm in measured else None)
+    progress.close()
 
     if rank == 0:
         about = {"created": datetime.datetime.now().astimezone().isoformat(timespec="seconds"),

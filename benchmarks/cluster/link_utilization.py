@@ -26,7 +26,7 @@ import torch
 import torch.distributed as dist
 
 import torch_torus
-from torch_torus.bench import parse_size
+from torch_torus.bench.sizes import parse_size
 
 COUNTERS = Path("/sys/class/net/eth0/statistics")
 

@@ -1,0 +1,3 @@
+from torch_torus.bench.cli import main
+
+main()

@@ -1,0 +1,95 @@
+"""Measuring one size: every contender timed in rounds (timing.py), checked with --check, and
+turned into the rows the report prints."""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+from typing import Callable
+
+import torch
+import torch.distributed as dist
+
+from .collectives import DTYPES, Buffers, CheckPattern, Collective, count_wrong
+from .contenders import Contender
+from .sizes import size_steps
+from .timing import RoundPlan, best_round_seconds
+
+
+@dataclasses.dataclass
+class Row:
+    """One contender at one size, as reported: times are the slowest rank's."""
+
+    contender: Contender
+    size_bytes: int
+    count: int
+    time_us: float
+    algbw: float  # GB/s, 1e9 bytes
+    busbw: float
+    wrong: int | None  # None when not checked
+    algorithm: str | None
+
+    def to_json(self) -> dict:
+        return {
+            "contender": self.contender.label,
+            "backend": self.contender.backend,
+            "options": self.contender.options,
+            "size_bytes": self.size_bytes,
+            "count": self.count,
+            "time_us": self.time_us,
+            "algbw_gbps": self.algbw,
+            "busbw_gbps": self.busbw,
+            "wrong": self.wrong,
+            "algorithm": self.algorithm,
+        }
+
+
+def check_contender(collective: Collective, buffers: Buffers, count: int, call: Callable[[], None],
+                    pattern: CheckPattern, synchronize: Callable[[], None]) -> int:
+    """One call on freshly filled buffers; returns this rank's wrong elements."""
+    collective.fill(buffers, pattern)
+    call()
+    synchronize()
+    return count_wrong(buffers.output, collective.expected(count, pattern), collective.world_size)
+
+
+def measure_size(count: int, collective: Collective, args: argparse.Namespace,
+                 pattern: CheckPattern, bootstrap: dist.ProcessGroup, device: torch.device,
+                 synchronize: Callable[[], None]) -> list[Row]:
+    contenders = args.contenders
+    dtype = DTYPES[args.dtype]
+    size_bytes = collective.size_bytes(count, dtype.itemsize)
+    buffers = collective.allocate(count, dtype, device)  # shared by all contenders at this size
+
+    calls = [contender.bind(collective, buffers, args.op) for contender in contenders]
+    # Each contender starts from the same data: an in-place allreduce repeated grows its values.
+    seconds = best_round_seconds(calls, RoundPlan.of(args), bootstrap, synchronize=synchronize,
+                                 reset=lambda: collective.fill(buffers, pattern))
+    wrong: list[int | None] = [None] * len(calls)
+    if args.check:
+        wrong_tensor = torch.tensor([check_contender(collective, buffers, count, call, pattern, synchronize)
+                                     for call in calls], dtype=torch.int64)
+        dist.all_reduce(wrong_tensor, group=bootstrap)  # wrong elements add up over ranks
+        wrong = wrong_tensor.tolist()
+
+    rows = []
+    for index, contender in enumerate(contenders):
+        time_s = seconds[index]
+        algbw = size_bytes / time_s / 1e9
+        rows.append(Row(
+            contender=contender, size_bytes=size_bytes, count=count, time_us=time_s * 1e6,
+            algbw=algbw, busbw=algbw * collective.bus_factor(),
+            wrong=wrong[index],
+            algorithm=contender.algorithm(collective.name, size_bytes)))
+    return rows
+
+
+def counts_to_measure(collective: Collective, args: argparse.Namespace) -> list[int]:
+    """Element counts for sizes min, min*factor, ... up to max bytes. Small sizes can round to
+    the same count (a sharded collective needs a whole element per rank): each is kept once."""
+    counts = []
+    for size in size_steps(args.min_bytes, args.max_bytes, args.factor):
+        count = collective.count_for(size, DTYPES[args.dtype].itemsize)
+        if count not in counts:
+            counts.append(count)
+    return counts

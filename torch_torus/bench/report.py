@@ -1,0 +1,184 @@
+"""The report, on rank 0: nccl-tests' table (a group of columns per contender), the summary with
+busbw ratios against a baseline, and the optional JSON file and PNG plot."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections import Counter
+
+import torch
+
+from .collectives import Collective
+from .contenders import Contender
+from .measure import Row
+from .sizes import human_size
+
+# --------------------------------------------------------------------------------------------
+# Report (rank 0)
+
+
+class Table:
+    """nccl-tests layout: common columns, then one group of columns per contender."""
+
+    COMMON = "{:>12}  {:>12}  {:>8}  {:>6}  {:>5}"
+    GROUP = "  {:>10}  {:>7}  {:>7}  {:>6}"
+    ALGORITHM = "  {:>18}"
+
+    def __init__(self, collective: Collective, args: argparse.Namespace):
+        self.collective, self.contenders, self.args = collective, args.contenders, args
+
+    def group_format(self, contender: Contender) -> str:
+        return self.GROUP + (self.ALGORITHM if contender.algorithm_for else "")
+
+    def header_lines(self) -> list[str]:
+        common_width = len(self.COMMON.format(*[""] * 5))
+        titles = " " * common_width
+        names = self.COMMON.format("size", "count", "type", "redop", "root")
+        units = self.COMMON.format("(B)", "(elements)", "", "", "")
+        for index, contender in enumerate(self.contenders, 1):
+            group = self.group_format(contender)
+            width = len(group.format(*[""] * group.count("{")))
+            title = f"[{index}] {contender.label}"
+            if len(title) > width - 2:
+                title = title[:width - 5] + "..."
+            titles += "  " + title.ljust(width - 2)
+            extra = ("algorithm",) if contender.algorithm_for else ()
+            names += group.format("time", "algbw", "busbw", "#wrong", *extra)
+            units += group.format("(us)", "(GB/s)", "(GB/s)", "", *("",) * len(extra))
+        return ["#" + line[1:].rstrip() for line in (titles, names, units)]
+
+    def row_line(self, rows: list[Row]) -> str:
+        collective, first = self.collective, rows[0]
+        line = self.COMMON.format(
+            first.size_bytes, first.count, self.args.dtype,
+            self.args.op if collective.has_op else "none",
+            collective.root if collective.has_root else -1)
+        for row in rows:
+            values = [f"{row.time_us:.1f}", f"{row.algbw:.3f}", f"{row.busbw:.3f}",
+                      "-" if row.wrong is None else str(row.wrong)]
+            if row.contender.algorithm_for:
+                values.append(row.algorithm)
+            line += self.group_format(row.contender).format(*values)
+        return line
+
+
+def describe_hosts(hostnames: list[str]) -> str:
+    ranks_per_host = Counter(hostnames)
+    shown = ", ".join(f"{host} ({ranks})" for host, ranks in list(ranks_per_host.items())[:8])
+    more = f", ... {len(ranks_per_host) - 8} more" if len(ranks_per_host) > 8 else ""
+    plural = "s" if len(ranks_per_host) > 1 else ""
+    return f"{len(hostnames)} ranks on {len(ranks_per_host)} host{plural}: {shown}{more}"
+
+
+def header(collective: Collective, args: argparse.Namespace, hostnames: list[str]) -> list[str]:
+    op = args.op if collective.has_op else "none"
+    lines = [
+        f"# torch_torus.bench: {collective.name}, {args.dtype}, redop {op}, device {args.device}",
+        f"# {describe_hosts(hostnames)}",
+        f"# {args.iters} timed calls after {args.warmup} warmup calls per size and contender, each "
+        "call waited for before the next" + (
+            f"; {args.rounds} rounds of every contender in turn, the best round counts" if args.rounds > 1 else "") + (
+            f"; after the first round, as many calls as last {args.min_round_ms:g} ms"
+            if args.rounds > 1 and args.min_round_ms > 0 else ""),
+        f"# time = mean per call, slowest rank; algbw = size / time; "
+        f"busbw = algbw * {collective.bus_factor_doc} (n = {collective.world_size})",
+        f"# torch {torch.__version__}" + (
+            f", torch_torus {getattr(sys.modules['torch_torus'], '__version__', '(no version)')}"
+            if "torch_torus" in sys.modules else ""),
+        "# contenders:",
+    ]
+    for index, contender in enumerate(args.contenders, 1):
+        if contender.library:
+            lines.append(f"#   [{index}] {contender.backend:<8} {contender.library}")
+            continue
+        options = " ".join(f"{key}={value}" for key, value in contender.options.items())
+        over = f", over {contender.transport}" if contender.transport else ""
+        lines.append(f"#   [{index}] {contender.backend:<8} options: {options or '(backend defaults)'}{over}")
+    return lines + ["#"]
+
+
+def baseline_index(contenders: list[Contender]) -> int:
+    """Ratios are taken against gloo, the backend torch ships for CPU, else the first contender."""
+    for index, contender in enumerate(contenders):
+        if contender.label == "gloo":
+            return index
+    return 0
+
+
+def summary(rows_by_size: list[list[Row]], args: argparse.Namespace) -> list[str]:
+    contenders = args.contenders
+    lines = ["#"]
+    if args.check:
+        wrong = sum(row.wrong for rows in rows_by_size for row in rows)
+        lines.append(f"# Out of bounds values : {wrong} {'OK' if wrong == 0 else 'FAILED'}")
+    averages = [sum(rows[index].busbw for rows in rows_by_size) / len(rows_by_size)
+                for index in range(len(contenders))]
+    lines.append("# Avg bus bandwidth (GB/s): " + "  ".join(
+        f"[{index}] {average:.3f}" for index, average in enumerate(averages, 1)))
+    if len(contenders) < 2:
+        return lines
+    base = baseline_index(contenders)
+    others = [index for index in range(len(contenders)) if index != base]
+    lines += ["#", f"# busbw relative to [{base + 1}] {contenders[base].label} (above 1: faster)",
+              "#" + "{:>11}".format("size") + "".join(f"  {f'[{index + 1}]':>8}" for index in others)]
+
+    def ratio(value: float, reference: float) -> str:
+        return f"{value / reference:8.2f}" if reference > 0 else f"{'-':>8}"
+
+    for rows in rows_by_size:
+        lines.append(f"{rows[0].size_bytes:>12}" + "".join(
+            "  " + ratio(rows[index].busbw, rows[base].busbw) for index in others))
+    lines.append("#" + "{:>11}".format("avg busbw") + "".join(
+        "  " + ratio(averages[index], averages[base]) for index in others))
+    return lines
+
+
+def write_json(path: str, collective: Collective, args: argparse.Namespace, hostnames: list[str],
+               rows_by_size: list[list[Row]]) -> None:
+    document = {
+        "collective": collective.name,
+        "dtype": args.dtype,
+        "op": args.op if collective.has_op else None,
+        "root": collective.root if collective.has_root else None,
+        "device": args.device,
+        "world_size": collective.world_size,
+        "hosts": dict(Counter(hostnames)),
+        "iters": args.iters,
+        "warmup": args.warmup,
+        "rounds": args.rounds,
+        "min_round_ms": args.min_round_ms,
+        "torch_version": torch.__version__,
+        "contenders": [{"label": c.label, "backend": c.backend, "options": c.options,
+                        "library": c.library} for c in args.contenders],
+        "rows": [row.to_json() for rows in rows_by_size for row in rows],
+    }
+    with open(path, "w") as file:
+        json.dump(document, file, indent=1)
+
+
+
+def write_plot(path: str, collective: Collective, args: argparse.Namespace,
+               rows_by_size: list[list[Row]]) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")  # no display on compute nodes
+    import matplotlib.pyplot as plt
+    from matplotlib.ticker import FuncFormatter
+
+    figure, axes = plt.subplots(figsize=(8, 5))
+    sizes = [rows[0].size_bytes for rows in rows_by_size]
+    for index, contender in enumerate(args.contenders):
+        axes.plot(sizes, [rows[index].busbw for rows in rows_by_size], marker="o",
+                  label=contender.legend)
+    axes.set_xscale("log", base=2)
+    axes.xaxis.set_major_formatter(FuncFormatter(lambda size, _: human_size(size)))
+    axes.set_xlabel("size (bytes)")
+    axes.set_ylabel("busbw (GB/s)")
+    axes.set_title(f"{collective.name} {args.dtype}, {collective.world_size} ranks")
+    axes.grid(True, which="both", alpha=0.3)
+    axes.legend()
+    figure.tight_layout()
+    figure.savefig(path, dpi=120)
+    plt.close(figure)
