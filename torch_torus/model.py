@@ -42,12 +42,13 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import functools
 import json
 import math
 import re
 from dataclasses import dataclass
 
-from .config import parse_bytes
+from . import units
 
 ALGORITHMS = ("ring", "torus", "direct", "recursive_doubling", "rabenseifner")
 # Only with every rank on one host: each rank maps the others' buffers (torch_torus over shm).
@@ -361,48 +362,28 @@ def fit(system: System, measurements: list[Measurement], rounds: int = 60,
 # Command line
 
 
-_TIME_UNITS = {"s": 1.0, "ms": 1e-3, "us": 1e-6, "ns": 1e-9}
-_RATE_UNITS = {"": 1.0, "k": 1e3, "m": 1e6, "g": 1e9}
-
-
-def parse_seconds(text: str) -> float:
-    match = re.fullmatch(r"\s*([0-9.eE+-]+)\s*(s|ms|us|ns)?\s*", text)
-    if not match:
-        raise argparse.ArgumentTypeError(f"not a time: {text!r} (e.g. 4us, 1.2ms, 0.4s)")
-    return float(match.group(1)) * _TIME_UNITS[match.group(2) or "s"]
-
-
-def parse_rate(text: str) -> float:
-    """Bytes per second: '12.5G' = 12.5e9 (decimal, as link speeds are quoted)."""
-    match = re.fullmatch(r"\s*([0-9.eE+-]+)\s*([kKmMgG]?)(?:B/s)?\s*", text)
-    if not match:
-        raise argparse.ArgumentTypeError(f"not a bandwidth: {text!r} (bytes/s, e.g. 12.5G)")
-    return float(match.group(1)) * _RATE_UNITS[match.group(2).lower()]
-
-
-def _byte_count(text: str) -> int:
-    try:
-        return parse_bytes(text)
-    except ValueError as error:
-        raise argparse.ArgumentTypeError(f"{text!r}: {error}") from None
-
+# Command-line figures in torch_torus.units' convention; a number without a unit is in bytes
+# per second (rates) or seconds (durations).
+_rate = units.argument(functools.partial(units.parse_rate, default_unit="B/s"))
+_seconds = units.argument(functools.partial(units.parse_duration, default_unit="s"))
+_size = units.argument(units.parse_size)
 
 _OPTIONS = {  # System field -> (parser, help)
     "ranks_per_node": (int, "ranks per node"),
-    "link_bandwidth": (parse_rate, "bytes/s of a node's network link, e.g. 12.5G"),
-    "link_latency": (parse_seconds, "latency of one step between nodes, e.g. 4us"),
-    "local_bandwidth": (parse_rate, "bytes/s between ranks of one node"),
-    "local_latency": (parse_seconds, "latency of one step within a node"),
+    "link_bandwidth": (_rate, "rate of a node's network link: bytes/s (12.5G, 12.5GB/s) or bits (100gbit)"),
+    "link_latency": (_seconds, "latency of one step between nodes, e.g. 4us"),
+    "local_bandwidth": (_rate, "bytes/s between ranks of one node"),
+    "local_latency": (_seconds, "latency of one step within a node"),
     "nodes_per_switch": (int, "nodes per leaf switch"),
     "blocking": (float, "fat-tree blocking: share of a leaf's bandwidth its uplinks lack (0.5 = 50%%)"),
-    "reduce_rate": (parse_rate, "bytes/s one rank reduces"),
-    "message_overhead": (parse_seconds, "per extra concurrent message (direct)"),
-    "call_overhead": (parse_seconds, "per collective call (the torus makes three)"),
-    "call_floor": (parse_seconds, "the least an allreduce takes (ranks outnumbering cores); 0 elsewhere"),
-    "compute_seconds": (parse_seconds, "compute time of one training step"),
+    "reduce_rate": (_rate, "bytes/s one rank reduces"),
+    "message_overhead": (_seconds, "per extra concurrent message (direct)"),
+    "call_overhead": (_seconds, "per collective call (the torus makes three)"),
+    "call_floor": (_seconds, "the least an allreduce takes (ranks outnumbering cores); 0 elsewhere"),
+    "compute_seconds": (_seconds, "compute time of one training step"),
     "backward_share": (float, "share of the compute that overlaps the allreduces"),
-    "gradient_bytes": (_byte_count, "gradient bytes per step, e.g. 100M"),
-    "bucket_bytes": (_byte_count, "DDP bucket size, e.g. 25M"),
+    "gradient_bytes": (_size, "gradient bytes per step, e.g. 100M"),
+    "bucket_bytes": (_size, "DDP bucket size, e.g. 25M"),
     "batch_per_node": (int, "images per node per step"),
 }
 PRESETS = {"nurion": NURION, "default": System()}
