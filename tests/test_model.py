@@ -163,6 +163,11 @@ def test_fit_recovers_figures_from_their_own_predictions(tmp_path):
     fitted = model.fit(System(), measurements)
     for m in measurements:
         assert model.predict(fitted, m) == pytest.approx(m.seconds, rel=0.05)
+    # One host: nothing depends on the link, whose figures stay as they were.
+    assert (fitted.link_bandwidth, fitted.link_latency) == (System().link_bandwidth, System().link_latency)
+    # Figures given stay as given, a zero floor included.
+    given = model.fit(System(local_latency=250e-6, call_floor=0.0), measurements, fixed=("local_latency", "call_floor"))
+    assert (given.local_latency, given.call_floor) == (250e-6, 0.0)
 
 
 @pytest.mark.parametrize("algorithm", ALGORITHMS + model.SHARED_MEMORY_ALGORITHMS)
