@@ -9,7 +9,7 @@ for n ranks and S bytes (p: the largest power of two <= n; the torus: r rows of 
     recursive_doubling  log2 p steps of S, plus a fold and an unfold of S when n != p
     rabenseifner        2 log2 p steps, 2S(p-1)/p sent, plus the fold and unfold when n != p
     torus               a ring reduce-scatter and allgather along the rows, the inner
-                        algorithm on S/c along the columns
+                        algorithm on S // c along the columns
     one_shot            1 step; S copied into shared memory, (n-1)S reduced (shm only)
     two_shot            2 steps; 2S(n-1)/n copied between processes, S(n-1)/n reduced, no
                         messages (shm only)

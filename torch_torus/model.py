@@ -201,7 +201,7 @@ def allreduce_seconds(system: System, algorithm: str, nbytes: float,
     calls = _calls(algorithm, n, shape, system.ranks_per_node, system.nodes_per_switch)
     seconds = sum(system.call_overhead + sum(_step_seconds(system, step, path, nbytes) for step, path in call)
                   for call in calls)
-    # One rank makes no call to anything, but still calls the allreduce.
+    # One rank has no steps, but its allreduce is still a call.
     return max(system.call_floor, seconds if calls else system.call_overhead)
 
 
