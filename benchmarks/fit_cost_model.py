@@ -6,7 +6,7 @@
 Every torus row whose `algorithm` column names one algorithm gives one equation
 time = steps*latency + wire/bandwidth + reduced/reduce_rate + extra_messages*overhead (linear in
 the four unknowns, see torch_torus.cost_model.Terms); they are solved by non-negative least
-squares on relative error, then each row's prediction is printed beside its measurement.
+squares on relative error (scipy.optimize.nnls), then each row's prediction is printed beside its measurement.
 """
 
 from __future__ import annotations
@@ -15,6 +15,7 @@ import argparse
 import json
 
 import numpy as np
+from scipy.optimize import nnls
 
 from torch_torus.cost_model import Machine, allreduce_terms
 from torch_torus.topology import choose_grid
@@ -32,15 +33,6 @@ def load_rows(paths):
                 yield n, row, terms
 
 
-def nonnegative_least_squares(a: np.ndarray, b: np.ndarray) -> np.ndarray:
-    """Projected-gradient NNLS: small problems, no SciPy needed."""
-    x = np.maximum(np.linalg.lstsq(a, b, rcond=None)[0], 0)
-    step = 1.0 / np.linalg.norm(a, 2) ** 2
-    for _ in range(20000):
-        x = np.maximum(x - step * a.T @ (a @ x - b), 0)
-    return x
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("json", nargs="+", help="bench --json outputs")
@@ -53,7 +45,7 @@ def main() -> None:
     # Scale columns to unit size and rows by the measurement: a relative-error fit.
     scale = features.max(axis=0)
     scale[scale == 0] = 1
-    solution = nonnegative_least_squares(features / scale / seconds[:, None], np.ones(len(rows))) / scale
+    solution = nnls(features / scale / seconds[:, None], np.ones(len(rows)))[0] / scale
     latency, inverse_bandwidth, inverse_reduce, overhead = (float(v) for v in solution)
     machine = Machine(latency=latency, bandwidth=1 / max(inverse_bandwidth, 1e-30),
                       reduce_rate=1 / max(inverse_reduce, 1e-30), message_overhead=overhead)

@@ -5,7 +5,7 @@ import re
 
 import pytest
 
-from torch_torus import config
+from torch_torus import config, units
 
 
 def test_readme_settings_table_matches_config():
@@ -26,21 +26,67 @@ def test_defaults_resolve():
 
 
 @pytest.mark.parametrize("text, expected", [("10gbit", 1.25e9), ("1Gbit/s", 1.25e8), ("300mbit", 3.75e7),
-                                            ("1.5gbit", 1.875e8), ("100kbit", 12500.0)])
-def test_parse_bit_rate(text, expected):
-    assert config.parse_bit_rate(text) == pytest.approx(expected)
+                                            ("1.5gbit", 1.875e8), ("100kbit", 12500.0), ("25gbitps", 3.125e9),
+                                            ("1.25GB/s", 1.25e9), ("117MB/s", 1.17e8), (" 2kB/s ", 2000.0)])
+def test_parse_rate_reads_bits_or_bytes_and_returns_bytes_per_second(text, expected):
+    assert units.parse_rate(text) == pytest.approx(expected)
+
+
+@pytest.mark.parametrize("text", ["10", "10g", "10gb", "10Gb/s", "1e9bit", "-1gbit", "0gbit", "0B/s", "١٠gbit",
+                                  "10 g bit", "gbit"])
+def test_parse_rate_refuses_ambiguous_or_malformed_rates(text):
+    with pytest.raises(ValueError, match="10gbit, 100mbit|greater than zero"):
+        units.parse_rate(text)
+
+
+def test_a_rate_without_unit_takes_the_unit_the_caller_names():
+    assert units.parse_rate("117M", default_unit="B/s") == 117e6
+    assert units.parse_rate("12.5G", default_unit="B/s") == 12.5e9
+    assert units.parse_rate("1g", default_unit="bit/s") == 1.25e8
+    assert units.parse_rate("1gbit", default_unit="B/s") == 1.25e8  # a unit given wins
 
 
 @pytest.mark.parametrize("text, expected", [("20us", 20e-6), ("1.5ms", 1.5e-3), ("0", 0.0), ("2s", 2.0),
-                                            ("500ns", 5e-7)])
+                                            ("500ns", 5e-7), (" 5NS ", 5e-9), (".5ms", 5e-4)])
 def test_parse_duration(text, expected):
-    assert config.parse_duration(text) == pytest.approx(expected)
+    assert units.parse_duration(text) == pytest.approx(expected)
+
+
+def test_a_duration_without_unit_needs_the_caller_to_name_one():
+    with pytest.raises(ValueError, match="20us, 1.5ms"):
+        units.parse_duration("0.4")
+    assert units.parse_duration("0.4", default_unit="s") == 0.4
+    assert units.parse_duration("4", default_unit="us") == 4e-6
 
 
 @pytest.mark.parametrize("text, expected", [("524288", 524288), ("512K", 524288), ("1M", 1 << 20),
-                                            ("2g", 2 << 30), ("64KiB", 65536)])
-def test_parse_bytes(text, expected):
-    assert config.parse_bytes(text) == expected
+                                            ("2g", 2 << 30), ("64KiB", 65536), ("4 kb", 4096), (" 1G ", 1 << 30)])
+def test_parse_size(text, expected):
+    assert units.parse_size(text) == expected
+
+
+@pytest.mark.parametrize("text", ["1.5M", "4T", "-5", "1e6", "0x100", "٥١٢", "K", ""])
+def test_parse_size_refuses(text):
+    with pytest.raises(ValueError, match="byte count"):
+        units.parse_size(text)
+    with pytest.raises(ValueError, match="more than the largest allowed, 1023"):
+        units.parse_size("1K", limit=1023)
+
+
+@pytest.mark.parametrize("value", [1.25e9, 37500000.0, 1e3 / 8, 0.1])
+def test_rates_and_durations_render_back(value):
+    assert units.parse_rate(units.render_bit_rate(value)) == value
+    assert units.parse_duration(units.render_duration(value)) == value
+
+
+def test_parsers_as_argparse_types_show_the_value():
+    import argparse
+
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--size", type=units.argument(units.parse_size))
+    assert parser.parse_args(["--size", "4K"]).size == 4096
+    with pytest.raises(argparse.ArgumentTypeError, match=r"'lots': expected a byte count"):
+        units.argument(units.parse_size)("lots")
 
 
 @pytest.mark.parametrize("name, value, allowed", [

@@ -60,9 +60,9 @@ BAD: dict[str, list[str]] = {
     "TORUS_SOCKET_IFNAME": ["no-such-if0", "lo;eth0", "lo\x00", "\udcff", "l" * 300, "*"],
     "TORUS_TUNING_FILE": ["/no/such/file.json", "/", "/dev/null", "/dev/zero", "/proc", "a\x00b", "\x07",
                           "file\udcff"],
-    "TORUS_LINK_BANDWIDTH": ["", " ", "fast", "0gbit", "-1gbit", "10", "10gb", "1e9bit", "gbit", "10 gbit/h",
-                             "0x10gbit", "\x00"],
-    "TORUS_LINK_LATENCY": ["", "soon", "20", "-1us", "1h", "us", "1e-3s", "20 us us", "\x00"],
+    "TORUS_LINK_BANDWIDTH": ["", " ", "fast", "0gbit", "-1gbit", "10", "10g", "10gb", "10Gb/s", "1e9bit", "gbit",
+                             "10 gbit/h", "0x10gbit", "0B/s", "١gbit", "\x00"],
+    "TORUS_LINK_LATENCY": ["", "soon", "20", "-1us", "1h", "us", "1e-3s", "20 us us", "٢us", "\x00"],
     "TORUS_LOG_LEVEL": ["", "loud", "error", "warning", "2", "INFO!", "info,debug", "ｉｎｆｏ", "\x00",
                         "\udcff"],
 }
@@ -82,7 +82,8 @@ GOOD: dict[str, list[str]] = {
     "TORUS_CHUNK_BYTES": ["512K", "4096", "1M", "1m", "64KiB", "2g", "1 K", " 8192 ", "1024G", "1"],
     "TORUS_SOCKET_IFNAME": ["", " "] + (["lo"] if "lo" in IFNAMES else []),
     "TORUS_TUNING_FILE": [""],  # a real file is added by the tuning_file fixture
-    "TORUS_LINK_BANDWIDTH": ["10gbit", "1Gbit/s", "300mbit", "1.5gbit", " 100gbit ", "25gbitps", "800kbit"],
+    "TORUS_LINK_BANDWIDTH": ["10gbit", "1Gbit/s", "300mbit", "1.5gbit", " 100gbit ", "25gbitps", "800kbit",
+                             "1.25GB/s", "117MB/s"],
     "TORUS_LINK_LATENCY": ["20us", "1.5ms", "0", "2s", " 5ns ", "0.25ms"],
     "TORUS_LOG_LEVEL": ["warn", "info", "debug", "INFO", " debug "],
 }

@@ -54,16 +54,64 @@ def test_images_per_second_never_exceed_compute_bound():
             assert images_per_second_per_node(at(NURION, nodes), algorithm) <= NURION.batch_per_node / NURION.compute_seconds
 
 
-@pytest.mark.parametrize("algorithm", ["ring", "direct", "recursive_doubling", "rabenseifner", "torus"])
-@pytest.mark.parametrize("ranks", [2, 4, 6, 8])
+@pytest.mark.parametrize("algorithm", model.MODELLED)
+@pytest.mark.parametrize("ranks", [2, 3, 4, 6, 8])
 def test_on_one_host_it_is_the_cost_model(algorithm, ranks):
     machine = cost_model.DEFAULT_MACHINE
     system = System(nodes=1, ranks_per_node=ranks, local_latency=machine.latency, local_bandwidth=machine.bandwidth,
                     reduce_rate=machine.reduce_rate, message_overhead=machine.message_overhead, call_overhead=0.0)
     shape = model.default_shape(ranks)
-    for nbytes in SIZES:
+    for nbytes in SIZES + [4097, 1]:
         expected = cost_model.allreduce_seconds(algorithm, nbytes, ranks, shape)
-        assert allreduce_seconds(system, algorithm, nbytes, shape if algorithm == "torus" else None) == pytest.approx(expected, rel=1e-5)  # it divides S by c in integers
+        if algorithm == "two_shot":  # single copies, half a message's two (see the module's docstring)
+            terms = cost_model.allreduce_terms(algorithm, nbytes, ranks)
+            expected -= terms.wire_bytes / 2 / machine.bandwidth
+        predicted = allreduce_seconds(system, algorithm, nbytes, shape if algorithm == "torus" else None)
+        assert predicted == pytest.approx(expected, rel=1e-12)
+
+
+@pytest.mark.parametrize("hosts, per_host", [(2, 4), (4, 2), (8, 1), (2, 2)])
+@pytest.mark.parametrize("algorithm", ALGORITHMS)
+def test_across_hosts_the_link_carries_the_selection_models_bytes(algorithm, hosts, per_host):
+    """With everything but the host links free, an allreduce takes the bytes over the busiest
+    link, as the selection model counts them for the same placement, over the link's rate."""
+    free = System(nodes=hosts, ranks_per_node=per_host, link_bandwidth=1e9, link_latency=0.0, local_bandwidth=1e30,
+                  local_latency=0.0, reduce_rate=1e30, nodes_per_switch=hosts)
+    n = hosts * per_host
+    shape = (hosts, per_host) if per_host > 1 else model.default_shape(n)
+    placement = cost_model.Placement(tuple(r // per_host for r in range(n)), cost_model.row_major(shape))
+    link_share = cost_model.host_pattern(algorithm, placement).link_share
+    nbytes = 1 << 20
+    predicted = allreduce_seconds(free, algorithm, nbytes, shape if algorithm == "torus" else None)
+    assert predicted == pytest.approx(link_share * nbytes / free.link_bandwidth, rel=1e-9)
+
+
+def test_recursive_doublings_fold_pairs_neighbours_on_their_host():
+    """6 ranks, 2 per host: ranks 1 and 3 fold into 0 and 2 on their own hosts
+    (power_of_two_fold.cc), so only the rounds among 0, 2, 4, 5 cross: 2 of the 4 steps."""
+    system = System(nodes=3, ranks_per_node=2, link_latency=1.0, local_latency=0.0, link_bandwidth=1e30,
+                    local_bandwidth=1e30, reduce_rate=1e30)
+    assert allreduce_seconds(system, "recursive_doubling", 1 << 20) == pytest.approx(2.0)
+
+
+def test_tied_grids_go_to_the_one_with_more_rows():
+    """At 32 Nurion nodes 8x4 and 4x8 move the same bytes in the same steps."""
+    system = at(NURION, 32)
+    times = [allreduce_seconds(system, "torus", system.bucket_bytes, s) for s in [(8, 4), (4, 8)]]
+    assert times[0] == pytest.approx(times[1], rel=1e-12)
+    assert model.best_torus_shape(system, system.bucket_bytes) == (8, 4)
+
+
+def test_cli_reads_figures_in_the_units_convention(capsys):
+    model.main(["--preset", "default", "--nodes", "2", "--link-bandwidth", "100gbit", "--link-latency", "2us",
+                "--reduce-rate", "5GB/s", "--compute-seconds", "0.5", "--bucket-bytes", "4M"])
+    system = capsys.readouterr().out.splitlines()[0]
+    assert "link_bandwidth=12500000000.0, link_latency=2e-06" in system
+    assert "reduce_rate=5000000000.0" in system and "compute_seconds=0.5" in system
+    assert f"bucket_bytes={4 << 20}" in system
+    with pytest.raises(SystemExit):
+        model.main(["--link-bandwidth", "fast"])
+    assert "'fast': expected a rate" in capsys.readouterr().err
 
 
 def test_torus_shape_must_hold_the_ranks():
@@ -115,6 +163,11 @@ def test_fit_recovers_figures_from_their_own_predictions(tmp_path):
     fitted = model.fit(System(), measurements)
     for m in measurements:
         assert model.predict(fitted, m) == pytest.approx(m.seconds, rel=0.05)
+    # One host: nothing depends on the link, whose figures stay as they were.
+    assert (fitted.link_bandwidth, fitted.link_latency) == (System().link_bandwidth, System().link_latency)
+    # Figures given stay as given, a zero floor included.
+    given = model.fit(System(local_latency=250e-6, call_floor=0.0), measurements, fixed=("local_latency", "call_floor"))
+    assert (given.local_latency, given.call_floor) == (250e-6, 0.0)
 
 
 @pytest.mark.parametrize("algorithm", ALGORITHMS + model.SHARED_MEMORY_ALGORITHMS)

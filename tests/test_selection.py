@@ -105,6 +105,41 @@ def test_cost_model_is_monotonic_in_size_and_picks_latency_optimal_small():
     assert rules[-1].algorithm != "recursive_doubling"
 
 
+@pytest.mark.parametrize("n", [2, 3, 4, 5, 6, 7, 8, 12, 16])
+def test_steps_add_up_to_the_formulas(n):
+    """Each algorithm's step list gives what the module's docstring says one rank does."""
+    s = 1 << 20
+    k = math.log2(1 << (n.bit_length() - 1))
+    p = 2 ** k
+    fold = (2, 2 * s, s) if n != p else (0, 0, 0)
+    expected = {
+        "ring": (2 * (n - 1), 2 * s * (n - 1) / n, s * (n - 1) / n, 0),
+        "direct": (2, 2 * s * (n - 1) / n, s * (n - 1) / n, 2 * (n - 2)),
+        "recursive_doubling": (k + fold[0], k * s + fold[1], k * s + fold[2], 0),
+        "rabenseifner": (2 * k + fold[0], 2 * s * (p - 1) / p + fold[1], s * (p - 1) / p + fold[2], 0),
+        "one_shot": (1, s, (n - 1) * s, 0),
+        "two_shot": (2, 2 * s * (n - 1) / n, s * (n - 1) / n, 0),
+    }
+    for algorithm, (steps, wire, reduced, extra) in expected.items():
+        terms = cost_model.allreduce_terms(algorithm, s, n)
+        assert (terms.steps, terms.extra_messages) == (steps, extra), algorithm
+        assert terms.wire_bytes == pytest.approx(wire) and terms.reduced_bytes == pytest.approx(reduced), algorithm
+    grid = choose_grid(n, ["h"] * n, None)
+    if grid:
+        rows, cols = grid.shape
+        column = cost_model.allreduce_terms("ring", s // cols, rows)
+        torus = cost_model.allreduce_terms("torus", s, n, grid.shape)
+        assert torus.steps == 2 * (cols - 1) + column.steps
+        assert torus.wire_bytes == pytest.approx(2 * s * (cols - 1) / cols + column.wire_bytes)
+        assert torus.reduced_bytes == pytest.approx(s * (cols - 1) / cols + column.reduced_bytes)
+    assert cost_model.allreduce_terms("torus", s, n) == cost_model.allreduce_terms("ring", s, n)  # no grid
+
+
+def test_shared_memory_algorithms_have_no_host_traffic_model():
+    with pytest.raises(ValueError, match="one_shot runs in shared memory"):
+        host_pattern("one_shot", placed(consecutive(2, 2)))
+
+
 def test_torus_takes_fewer_steps_than_ring_at_scale():
     # 1024 ranks as 32 x 32: 124 steps against the ring's 2046 (DESIGN.md); latency-bound sizes
     # show it.

@@ -16,10 +16,11 @@ from __future__ import annotations
 
 import os
 import re
-from decimal import Decimal
 import socket
 from dataclasses import dataclass
 from typing import Any, Callable, Mapping
+
+from .units import parse_duration, parse_rate, parse_size, render_bit_rate, render_duration
 
 # Algorithms per collective, as TORUS_<COLLECTIVE> names them; "auto" (the default) lets the
 # group choose per call: a cost model for allreduce, fixed size thresholds for the others.
@@ -35,6 +36,7 @@ SHARED_MEMORY_ALGORITHMS = ("one_shot", "two_shot")
 TRANSPORTS = ("auto", "tcp", "shm")
 LOG_LEVELS = ("warn", "info", "debug")
 MAX_BYTES = (1 << 64) - 1  # "max" in a rule: no upper bound
+DEFAULT_CHUNK_BYTES = 512 << 10
 # The largest chunk: far beyond any useful pipelining, and small enough that the algorithms'
 # segment arithmetic (ranks x chunks in flight x chunk bytes) cannot overflow 64 bits.
 MAX_CHUNK_BYTES = 1 << 40
@@ -42,26 +44,13 @@ MAX_DIM = (1 << 31) - 1  # ranks are C ints
 # A value's repr in an error is cut to this many characters.
 _SHOWN = 200
 
-_SIZE_SUFFIXES = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
-
 
 class ConfigError(ValueError):
     """A TORUS_* setting (or its Options counterpart) has a value we cannot use."""
 
 
-def parse_bytes(text: str, limit: int = MAX_BYTES) -> int:
-    """'524288', '512K', '1M' -> bytes (at most `limit`)."""
-    match = re.fullmatch(r"\s*(\d+)\s*([KMG]?)(?:i?B)?\s*", str(text), re.IGNORECASE | re.ASCII)
-    if not match:
-        raise ValueError("expected a byte count such as 524288, 512K or 1M")
-    value = int(match.group(1)) * _SIZE_SUFFIXES[match.group(2).upper()]
-    if value > limit:
-        raise ValueError(f"{value} bytes is more than the largest allowed, {limit}")
-    return value
-
-
 def _positive_bytes(text: str) -> int:
-    value = parse_bytes(text, MAX_CHUNK_BYTES)
+    value = parse_size(text, MAX_CHUNK_BYTES)
     if value <= 0:
         raise ValueError("must be greater than zero")
     return value
@@ -102,37 +91,6 @@ def _printable(what: str) -> Callable[[str], str]:
     return parse
 
 
-_BIT_RATES = {"bit": 1, "kbit": 1e3, "mbit": 1e6, "gbit": 1e9, "tbit": 1e12}
-_PER_SECOND = {"s": 1, "ms": 1e3, "us": 1e6, "ns": 1e9}
-
-
-def parse_bit_rate(text: str) -> float:
-    """'10gbit', '1Gbit/s', '300mbit' (decimal, as tc and NICs name rates) -> bytes per second."""
-    match = re.fullmatch(r"\s*(\d+(?:\.\d*)?|\.\d+)\s*([kmgt]?bit)(?:/s|ps)?\s*", str(text), re.IGNORECASE)
-    if not match:
-        raise ValueError("expected a rate such as 10gbit, 100mbit or 1.5gbit (bits per second)")
-    value = float(match.group(1)) * _BIT_RATES[match.group(2).lower()] / 8
-    if value <= 0:
-        raise ValueError("must be greater than zero")
-    return value
-
-
-def render_bit_rate(value: float) -> str:
-    return f"{format(Decimal(repr(value * 8)), 'f')}bit"
-
-
-def parse_duration(text: str) -> float:
-    """'20us', '1.5ms', '0' -> seconds."""
-    match = re.fullmatch(r"\s*(\d+(?:\.\d*)?|\.\d+)\s*(s|ms|us|ns)?\s*", str(text), re.IGNORECASE)
-    if not match or (match.group(2) is None and float(match.group(1)) != 0):
-        raise ValueError("expected a duration such as 20us, 1.5ms or 0 (units s, ms, us, ns)")
-    return float(match.group(1)) / _PER_SECOND[(match.group(2) or "s").lower()]
-
-
-def render_duration(seconds: float) -> str:
-    return f"{format(Decimal(repr(seconds)), 'f')}s"
-
-
 @dataclass(frozen=True)
 class Rule:
     """Use `algorithm` for messages of lo..hi bytes (inclusive), as in oneCCL's CCL_ALLREDUCE."""
@@ -149,7 +107,7 @@ def _size_bound(text: str, allow_max: bool) -> int:
     text = text.strip()
     if allow_max and text.lower() == "max":
         return MAX_BYTES
-    return parse_bytes(text, MAX_BYTES)
+    return parse_size(text, MAX_BYTES)
 
 
 def parse_rules(text: str, collective: str) -> tuple[Rule, ...]:
@@ -278,7 +236,7 @@ SETTINGS: tuple[Setting, ...] = (
     ),
     Setting(
         "TORUS_CHUNK_BYTES",
-        "512K",
+        f"{DEFAULT_CHUNK_BYTES >> 10}K",
         _positive_bytes,
         "Largest message a pipelined algorithm sends at once (suffixes K, M, G; at most 1024G); the "
         "transfer of one chunk overlaps the reduction of the previous one.",
@@ -301,8 +259,9 @@ SETTINGS: tuple[Setting, ...] = (
     Setting(
         "TORUS_LINK_BANDWIDTH",
         "10gbit",
-        parse_bit_rate,
-        "Rate of each host's network link, each direction (e.g. 10gbit, 100gbit, 1gbit), for auto's "
+        parse_rate,
+        "Rate of each host's network link, each direction, in bits (e.g. 10gbit, 100gbit, 1gbit) or "
+        "bytes per second (1.25GB/s), for auto's "
         "cost model when a group spans several hosts: the bytes that cross a host's link, over "
         "this rate, bound each allreduce algorithm's time. One host: unused.",
         render_bit_rate,

@@ -9,10 +9,16 @@ for n ranks and S bytes (p: the largest power of two <= n; the torus: r rows of 
     recursive_doubling  log2 p steps of S, plus a fold and an unfold of S when n != p
     rabenseifner        2 log2 p steps, 2S(p-1)/p sent, plus the fold and unfold when n != p
     torus               a ring reduce-scatter and allgather along the rows, the inner
-                        algorithm on S/c along the columns
+                        algorithm on S // c along the columns
     one_shot            1 step; S copied into shared memory, (n-1)S reduced (shm only)
     two_shot            2 steps; 2S(n-1)/n copied between processes, S(n-1)/n reduced, no
                         messages (shm only)
+
+Each algorithm is described once, as the collective calls it makes, each a list of steps
+(`allreduce_calls`): how often a step repeats, what one rank sends and reduces in it, in how many
+concurrent messages, and which ranks send how much to which (`Flows`). The per-rank terms above,
+the bytes over each host's link below and the cluster predictor (torch_torus.model) are all read
+from that description.
 
 The machine figures, one set per transport, were measured on the development machine
 (BENCHMARKS.md).
@@ -46,12 +52,14 @@ TORUS_LINK_BANDWIDTH and TORUS_LINK_LATENCY.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import math
+from collections import Counter, defaultdict
 from dataclasses import dataclass
-from typing import Sequence
+from typing import Callable, Sequence
 
-from .config import MAX_BYTES, Rule
+from .config import DEFAULT_CHUNK_BYTES, MAX_BYTES, Rule
 
 
 @dataclass(frozen=True)
@@ -116,36 +124,249 @@ def _log2_floor(n: int) -> int:
     return n.bit_length() - 1
 
 
-def allreduce_terms(algorithm: str, nbytes: int, n: int, grid_shape: tuple[int, int] | None = None,
-                    inner: str = "ring") -> Terms:
-    if n <= 1:
-        return Terms(0, 0, 0, 0)
-    s = float(nbytes)
+# -- Each algorithm's steps: the one description ------------------------------------------------
+
+@dataclass(frozen=True)
+class Flows:
+    """Who sends to whom in a step, per byte of the step's S: `senders[i]` sends `share` to
+    `receivers[i]` (pairwise), or every sender sends `share` to every receiver but itself."""
+
+    senders: tuple[int, ...]
+    receivers: tuple[int, ...]
+    share: float
+    pairwise: bool = True
+
+
+@dataclass(frozen=True)
+class Step:
+    """`repeat` dependent steps alike. Bytes are per byte of S // `divisor` (the torus's column
+    phase works on each rank's S // c): the most one rank sends and reduces in one of them, in
+    `messages` concurrent messages; `flows` say to whom (none: through shared memory, every rank
+    on one host). `single_copy`: the bytes are copied once between the ranks' own buffers, where
+    a message is copied twice (into a shared slot and out of it)."""
+
+    repeat: int
+    sent: float
+    reduced: float
+    messages: int = 1
+    flows: tuple[Flows, ...] = ()
+    divisor: int = 1
+    single_copy: bool = False
+
+
+def _ring(ranks: Sequence[int], reduces: bool) -> list[Step]:
+    """A ring reduce-scatter (`reduces`) or allgather over `ranks`: n-1 steps, each rank sending
+    1/n of S to the next (ring_pass.cc)."""
+    n = len(ranks)
+    if n < 2:
+        return []
+    flows = Flows(tuple(ranks), tuple(ranks[1:]) + (ranks[0],), 1 / n)
+    return [Step(n - 1, 1 / n, 1 / n if reduces else 0.0, 1, (flows,))]
+
+
+def _ring_allreduce(ranks: Sequence[int]) -> list[Step]:
+    return _ring(ranks, True) + _ring(ranks, False)
+
+
+def _exchange(pairs: Sequence[tuple[int, int]], share: float, reduces: bool = True) -> Step:
+    """Each pair sends `share` both ways in one step (partner_exchange.cc)."""
+    first, second = tuple(a for a, _ in pairs), tuple(b for _, b in pairs)
+    return Step(1, share, share if reduces else 0.0, 1, (Flows(first + second, second + first, share),))
+
+
+def _folded(ranks: Sequence[int], rounds: Callable[[list[int]], list[Step]]) -> list[Step]:
+    """power_of_two_fold.cc: ranks 2i+1 < 2(n-p) hand their buffer to 2i, the p remaining ranks
+    run `rounds(remaining)`, and 2i hands the result back."""
+    n = len(ranks)
     p = 1 << _log2_floor(n)
-    fold = Terms(0, 0, 0, 0) if n == p else Terms(2, 2 * s, s, 0)
-    if algorithm == "ring":
-        return Terms(2 * (n - 1), 2 * (n - 1) / n * s, (n - 1) / n * s, 0)
-    if algorithm == "direct":
-        return Terms(2, 2 * (n - 1) / n * s, (n - 1) / n * s, 2 * (n - 2))
-    if algorithm == "recursive_doubling":
-        k = math.log2(p)
-        return Terms(k, k * s, k * s, 0) + fold
-    if algorithm == "rabenseifner":
-        return Terms(2 * math.log2(p), 2 * (p - 1) / p * s, (p - 1) / p * s, 0) + fold
-    if algorithm == "one_shot":
-        return Terms(1, s, (n - 1) * s, 0)
-    if algorithm == "two_shot":
-        return Terms(2, 2 * (n - 1) / n * s, (n - 1) / n * s, 0)
+    pairs = n - p
+    remaining = [ranks[2 * i] if i < pairs else ranks[i + pairs] for i in range(p)]
+    if not pairs:
+        return rounds(remaining)
+    odd, even = tuple(ranks[2 * i + 1] for i in range(pairs)), tuple(ranks[2 * i] for i in range(pairs))
+    fold = Step(1, 1.0, 1.0, 1, (Flows(odd, even, 1.0),))
+    unfold = Step(1, 1.0, 0.0, 1, (Flows(even, odd, 1.0),))
+    return [fold] + rounds(remaining) + [unfold]
+
+
+def _partners(ranks: Sequence[int], distance: int) -> list[tuple[int, int]]:
+    return [(ranks[k], ranks[k ^ distance]) for k in range(len(ranks)) if k < k ^ distance]
+
+
+def _recursive_doubling(ranks: Sequence[int]) -> list[Step]:
+    def rounds(remaining):
+        return [_exchange(_partners(remaining, 1 << i), 1.0) for i in range(_log2_floor(len(remaining)))]
+    return _folded(ranks, rounds)
+
+
+def _rabenseifner(ranks: Sequence[int]) -> list[Step]:
+    def rounds(remaining):
+        p = len(remaining)
+        distances = [1 << i for i in range(_log2_floor(p))]
+        # Halving at distance d sends d of the p blocks and reduces what arrives; doubling sends
+        # the same, in reverse order, and copies.
+        return [_exchange(_partners(remaining, d), d / p, halving)
+                for halving, d in [(True, d) for d in reversed(distances)] + [(False, d) for d in distances]]
+    return _folded(ranks, rounds)
+
+
+def _direct(ranks: Sequence[int]) -> list[Step]:
+    """Every rank sends 1/n of S to every other, twice: it reduces the slices of its own block,
+    then sends the result to all (direct_pass.cc)."""
+    n = len(ranks)
+    flows = (Flows(tuple(ranks), tuple(ranks), 1 / n, pairwise=False),)
+    return [Step(1, (n - 1) / n, (n - 1) / n, n - 1, flows), Step(1, (n - 1) / n, 0.0, n - 1, flows)]
+
+
+def _one_shot(ranks: Sequence[int]) -> list[Step]:
+    """One step: S copied into shared memory, the n-1 other ranks' buffers reduced."""
+    return [Step(1, 1.0, len(ranks) - 1.0)]
+
+
+def _two_shot(ranks: Sequence[int]) -> list[Step]:
+    """Each rank reduces its 1/n slice of every buffer, then writes it into the others'."""
+    n = len(ranks)
+    return [Step(1, (n - 1) / n, (n - 1) / n, single_copy=True), Step(1, (n - 1) / n, 0.0, single_copy=True)]
+
+
+_ALLREDUCE_STEPS: dict[str, Callable[[Sequence[int]], list[Step]]] = {
+    "ring": _ring_allreduce, "direct": _direct, "recursive_doubling": _recursive_doubling,
+    "rabenseifner": _rabenseifner, "one_shot": _one_shot, "two_shot": _two_shot,
+}
+
+
+def _side_by_side(step_lists: list[list[Step]]) -> list[Step]:
+    """Steps of equal shape that disjoint Comms (the rows, the columns) run at the same time."""
+    return [dataclasses.replace(group[0], flows=tuple(f for step in group for f in step.flows))
+            for group in zip(*step_lists)]
+
+
+Call = tuple[Step, ...]
+
+
+@functools.lru_cache(maxsize=256)
+def allreduce_calls(algorithm: str, ranks: tuple[int, ...], rows: tuple[tuple[int, ...], ...] | None = None,
+                    inner: str = "ring") -> tuple[Call, ...]:
+    """An allreduce over `ranks` as the collective calls it makes, each as its steps: one call,
+    but for the torus over the grid `rows` (torus_allreduce.cc): a ring reduce-scatter along
+    every row, `inner` on each rank's S // c along every column, a ring allgather along every
+    row. Without a grid the torus runs as the ring."""
+    if len(ranks) < 2:
+        return ()
     if algorithm == "torus":
-        if grid_shape is None:
-            return allreduce_terms("ring", nbytes, n)
-        rows, cols = grid_shape
-        row_phases = Terms(2 * (cols - 1), 2 * (cols - 1) / cols * s, (cols - 1) / cols * s, 0)
-        return row_phases + allreduce_terms(inner, nbytes // cols, rows)
-    raise ValueError(f"no cost model for allreduce algorithm {algorithm!r}")
+        if rows is None:
+            return allreduce_calls("ring", ranks)
+        cols = len(rows[0])
+        columns = [tuple(row[j] for row in rows) for j in range(cols)]
+        column_phase = _side_by_side([allreduce_steps(inner, column) for column in columns])
+        return (tuple(_side_by_side([_ring(row, True) for row in rows])),
+                tuple(dataclasses.replace(step, divisor=step.divisor * cols) for step in column_phase),
+                tuple(_side_by_side([_ring(row, False) for row in rows])))
+    if algorithm not in _ALLREDUCE_STEPS:
+        raise ValueError(f"no cost model for allreduce algorithm {algorithm!r}")
+    return (tuple(_ALLREDUCE_STEPS[algorithm](ranks)),)
+
+
+def allreduce_steps(algorithm: str, ranks: tuple[int, ...], rows: tuple[tuple[int, ...], ...] | None = None,
+                    inner: str = "ring") -> list[Step]:
+    """allreduce_calls' steps, one call after another."""
+    return [step for call in allreduce_calls(algorithm, ranks, rows, inner) for step in call]
+
+
+def row_major(grid_shape: tuple[int, int] | None) -> tuple[tuple[int, ...], ...] | None:
+    """The grid's rows as ranks, rows of consecutive ranks (topology's layout on one host)."""
+    if grid_shape is None:
+        return None
+    rows, cols = grid_shape
+    return tuple(tuple(range(r * cols, (r + 1) * cols)) for r in range(rows))
+
+
+def phase_calls(calls: tuple[Call, ...], phase: str) -> tuple[Call, ...]:
+    """Of the torus's three calls, its row phases ("rows": the reduce-scatter and the allgather)
+    or its column phase ("columns"); "all", or any other allreduce's calls: every call."""
+    if phase == "all" or len(calls) != 3:
+        return calls
+    return {"rows": (calls[0], calls[2]), "columns": (calls[1],)}[phase]
+
+
+def step_terms(step: Step, nbytes: int) -> Terms:
+    """What one rank does in `step` of an allreduce of `nbytes`."""
+    s = float(nbytes // step.divisor)
+    return Terms(step.repeat, step.repeat * step.sent * s, step.repeat * step.reduced * s,
+                 step.repeat * (step.messages - 1))
+
+
+@functools.lru_cache(maxsize=1024)
+def _terms_per_byte(algorithm: str, n: int, grid_shape: tuple[int, int] | None, inner: str,
+                    phase: str = "all") -> tuple[tuple[int, Terms], ...]:
+    """The terms of the steps that work on S // d, summed for S // d = 1, by divisor d."""
+    rows = row_major(grid_shape) if algorithm == "torus" else None
+    by_divisor: dict[int, Terms] = {}
+    for call in phase_calls(allreduce_calls(algorithm, tuple(range(n)), rows, inner), phase):
+        for step in call:
+            by_divisor[step.divisor] = by_divisor.get(step.divisor, Terms(0, 0, 0, 0)) + step_terms(step, step.divisor)
+    return tuple(by_divisor.items())
+
+
+def allreduce_terms(algorithm: str, nbytes: int, n: int, grid_shape: tuple[int, int] | None = None,
+                    inner: str = "ring", phase: str = "all") -> Terms:
+    """What one rank does in an allreduce of `nbytes` over n ranks (for the torus, `phase` may
+    pick its row or column phases)."""
+    total = Terms(0, 0, 0, 0)
+    for divisor, per_byte in _terms_per_byte(algorithm, n, grid_shape, inner, phase):
+        s = float(nbytes // divisor)
+        total += Terms(per_byte.steps, per_byte.wire_bytes * s, per_byte.reduced_bytes * s, per_byte.extra_messages)
+    return total
 
 
 # -- Across hosts -------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Crossing:
+    """What one of a step's repeats puts between groups of ranks (hosts, leaf switches), per
+    byte of the step's S."""
+
+    out: dict  # group -> bytes it sends to other groups
+    into: dict  # group -> bytes it receives from other groups
+    within: float  # the most one rank sends to ranks of its own group
+
+    @property
+    def busiest(self) -> float:
+        """Bytes over the busiest group's link, in its busier direction."""
+        return max([*self.out.values(), *self.into.values(), 0.0])
+
+
+def crossing(step: Step, group_of: Sequence) -> Crossing:
+    """Where `step`'s flows go, with rank r in group `group_of[r]`."""
+    out: defaultdict = defaultdict(float)
+    into: defaultdict = defaultdict(float)
+    within: defaultdict = defaultdict(float)
+    for flows in step.flows:
+        share = flows.share
+        if flows.pairwise:
+            for source, destination in zip(flows.senders, flows.receivers):
+                source_group, destination_group = group_of[source], group_of[destination]
+                if source_group != destination_group:
+                    out[source_group] += share
+                    into[destination_group] += share
+                else:
+                    within[source] += share
+            continue
+        senders = Counter(group_of[r] for r in flows.senders)
+        receivers = Counter(group_of[r] for r in flows.receivers)
+        for group, count in senders.items():
+            if len(flows.receivers) > receivers[group]:
+                out[group] += share * count * (len(flows.receivers) - receivers[group])
+        for group, count in receivers.items():
+            if len(flows.senders) > senders[group]:
+                into[group] += share * count * (len(flows.senders) - senders[group])
+        receiving = set(flows.receivers)
+        for source in flows.senders:
+            peers = receivers[group_of[source]] - (source in receiving)
+            if peers:
+                within[source] += share * peers
+    return Crossing(dict(out), dict(into), max(within.values(), default=0.0))
+
 
 @dataclass(frozen=True)
 class Placement:
@@ -169,125 +390,32 @@ class HostPattern:
     sent_share: dict  # host -> bytes it sends to other hosts, per byte of S
 
 
-# A step: (times it repeats, messages (source rank, destination rank, bytes per byte of S),
-# whether the receivers reduce what arrives).
-_Step = tuple[int, tuple[tuple[int, int, float], ...], bool]
-
-
-def _ring_steps(ranks: Sequence[int], share: float, steps: int) -> list[_Step]:
-    """`steps` ring steps over `ranks`, each rank sending share/n to the next (ring_pass.cc)."""
-    n = len(ranks)
-    if n < 2 or steps == 0:
-        return []
-    return [(steps, tuple((ranks[i], ranks[(i + 1) % n], share / n) for i in range(n)), True)]
-
-
-def _exchange(pairs: Sequence[tuple[int, int]], share: float, reduces: bool = True) -> _Step:
-    """Each pair sends `share` both ways in one step (partner_exchange.cc)."""
-    return (1, tuple(m for a, b in pairs for m in ((a, b, share), (b, a, share))), reduces)
-
-
-def _folded(ranks: Sequence[int], share: float, rounds) -> list[_Step]:
-    """power_of_two_fold.cc: ranks 2i+1 < 2(n-p) hand their buffer to 2i, the p remaining ranks
-    run `rounds(remaining)`, and 2i hands the result back."""
-    n = len(ranks)
-    p = 1 << _log2_floor(n)
-    pairs = n - p
-    remaining = [ranks[2 * i] if i < pairs else ranks[i + pairs] for i in range(p)]
-    fold = [(1, tuple((ranks[2 * i + 1], ranks[2 * i], share) for i in range(pairs)), True)] if pairs else []
-    unfold = [(1, tuple((ranks[2 * i], ranks[2 * i + 1], share) for i in range(pairs)), False)] if pairs else []
-    return fold + rounds(remaining) + unfold
-
-
-def _recursive_doubling_steps(ranks: Sequence[int], share: float) -> list[_Step]:
-    def rounds(rem):
-        p = len(rem)
-        return [_exchange([(rem[k], rem[k ^ d]) for k in range(p) if k < k ^ d], share)
-                for d in (1 << i for i in range(_log2_floor(p)))]
-    return _folded(ranks, share, rounds)
-
-
-def _rabenseifner_steps(ranks: Sequence[int], share: float) -> list[_Step]:
-    def rounds(rem):
-        p = len(rem)
-        distances = [1 << i for i in range(_log2_floor(p))]
-        # Halving at distance d sends d of the p blocks and reduces what arrives; doubling sends
-        # the same, in reverse order, and copies.
-        return [_exchange([(rem[k], rem[k ^ d]) for k in range(p) if k < k ^ d], share * d / p, halving)
-                for halving, d in [(True, d) for d in reversed(distances)] + [(False, d) for d in distances]]
-    return _folded(ranks, share, rounds)
-
-
-def _direct_steps(ranks: Sequence[int], share: float) -> list[_Step]:
-    """Every rank sends share/n to every other, twice (direct_pass.cc). n(n-1) messages: see
-    host_pattern for the sums it takes instead when the group is large."""
-    n = len(ranks)
-    if n < 2:
-        return []
-    return [(2, tuple((a, b, share / n) for a in ranks for b in ranks if a != b), True)]
-
-
-def _allreduce_steps(algorithm: str, ranks: Sequence[int], share: float) -> list[_Step]:
-    if len(ranks) < 2:
-        return []
-    if algorithm == "ring":
-        return _ring_steps(ranks, share, 2 * (len(ranks) - 1))
-    if algorithm == "direct":
-        return _direct_steps(ranks, share)
-    if algorithm == "recursive_doubling":
-        return _recursive_doubling_steps(ranks, share)
-    if algorithm == "rabenseifner":
-        return _rabenseifner_steps(ranks, share)
-    raise ValueError(f"no host traffic model for allreduce algorithm {algorithm!r}")
-
-
-def _side_by_side(step_lists: list[list[_Step]]) -> list[_Step]:
-    """Steps of equal shape that disjoint Comms (the rows, the columns) run at the same time."""
-    return [(group[0][0], tuple(m for _, messages, _ in group for m in messages), group[0][2])
-            for group in zip(*step_lists)]
-
-
-def _torus_steps(rows: Sequence[Sequence[int]], inner: str, phase: str = "all") -> list[_Step]:
-    """torus_allreduce.cc: ring reduce-scatter along every row, `inner` on each rank's 1/c share
-    along every column, ring allgather along every row. `phase`: "rows" (both row phases),
-    "columns", or "all"."""
-    cols = len(rows[0])
-    row_pass = _side_by_side([_ring_steps(row, 1.0, cols - 1) for row in rows])
-    columns = [[row[j] for row in rows] for j in range(cols)]
-    column_phase = _side_by_side([_allreduce_steps(inner, column, 1.0 / cols) for column in columns])
-    return {"rows": row_pass + row_pass, "columns": column_phase}.get(phase, row_pass + column_phase + row_pass)
+def _placed_calls(algorithm: str, placement: Placement, inner: str) -> tuple[Call, ...]:
+    calls = allreduce_calls(algorithm, tuple(range(len(placement.hosts))), placement.rows, inner)
+    if placement.host_count > 1 and any(not step.flows for call in calls for step in call):
+        raise ValueError(f"{algorithm} runs in shared memory: every rank must be on one host")
+    return calls
 
 
 @functools.lru_cache(maxsize=256)
 def host_pattern(algorithm: str, placement: Placement, inner: str = "ring", phase: str = "all") -> HostPattern:
     """The bytes each host's link carries and the steps that cross hosts, for an allreduce of
-    S = 1 byte over a group placed as `placement` (for the torus, `phase` may pick its row or
-    column phases alone)."""
+    S = 1 byte over a group placed as `placement` (for the torus, `phase` may pick its row
+    phases, "rows", or its column phase, "columns")."""
+    calls = phase_calls(_placed_calls(algorithm, placement, inner), phase)
     hosts = placement.hosts
-    n = len(hosts)
-    if algorithm == "direct" and n > 64:
-        # Each host sends share/n from each of its k ranks to each of the n - k ranks elsewhere, twice.
-        count = {h: hosts.count(h) for h in set(hosts)}
-        sent = {h: 2 * k * (n - k) / n for h, k in count.items()}
-        return HostPattern(max(sent.values()), 2 if len(count) > 1 else 0, sent)
-    if algorithm == "torus" and placement.rows is not None:
-        steps = _torus_steps(placement.rows, inner, phase)
-    else:
-        # The torus without a grid runs as the ring.
-        steps = _allreduce_steps("ring" if algorithm == "torus" else algorithm, range(n), 1.0)
     sent: dict = {h: 0.0 for h in hosts}
     received: dict = {h: 0.0 for h in hosts}
-    crossing = 0
-    for repeat, messages, _ in steps:
-        crosses = False
-        for source, destination, share in messages:
-            if hosts[source] != hosts[destination]:
-                sent[hosts[source]] += repeat * share
-                received[hosts[destination]] += repeat * share
-                crosses = True
-        crossing += repeat if crosses else 0
+    crossing_steps = 0
+    for step in (step for call in calls for step in call):
+        traffic = crossing(step, hosts)
+        for host, share in traffic.out.items():
+            sent[host] += step.repeat * share / step.divisor
+        for host, share in traffic.into.items():
+            received[host] += step.repeat * share / step.divisor
+        crossing_steps += step.repeat if traffic.out else 0
     link_share = max(max(sent.values()), max(received.values()))
-    return HostPattern(link_share, crossing, sent)
+    return HostPattern(link_share, crossing_steps, sent)
 
 
 @dataclass(frozen=True)
@@ -304,18 +432,10 @@ class Round:
 @functools.lru_cache(maxsize=256)
 def host_rounds(algorithm: str, placement: Placement) -> tuple[Round, ...]:
     """recursive_doubling's or rabenseifner's rounds over a group placed as `placement`."""
-    hosts = placement.hosts
     rounds = []
-    for _, messages, reduces in _allreduce_steps(algorithm, range(len(hosts)), 1.0):
-        sent: dict = {}
-        received: dict = {}
-        for source, destination, share in messages:
-            if hosts[source] != hosts[destination]:
-                sent[hosts[source]] = sent.get(hosts[source], 0.0) + share
-                received[hosts[destination]] = received.get(hosts[destination], 0.0) + share
-        share = max(m[2] for m in messages)
-        rounds.append(Round(share, share if reduces else 0.0,
-                            max(list(sent.values()) + list(received.values()) + [0.0]), bool(sent)))
+    for step in (step for call in _placed_calls(algorithm, placement, "ring") for step in call):
+        traffic = crossing(step, placement.hosts)
+        rounds.append(Round(step.sent, step.reduced, traffic.busiest, bool(traffic.out)))
     return tuple(rounds)
 
 
@@ -326,7 +446,6 @@ def _link_seconds(pattern: HostPattern, nbytes: int, link: Link) -> float:
 # Chunks each phase of the torus keeps in flight (kChunksInFlight, csrc/collectives/blocks.h): a
 # torus segment holds columns x this x the chunk size.
 CHUNKS_IN_FLIGHT = 4
-DEFAULT_CHUNK_BYTES = 512 * 1024
 
 
 def torus_segments(nbytes: int, cols: int, chunk_bytes: int = DEFAULT_CHUNK_BYTES) -> int:
@@ -359,11 +478,9 @@ def allreduce_seconds(algorithm: str, nbytes: int, n: int, grid_shape: tuple[int
         seconds = max(seconds, by_round)
     if algorithm == "torus" and placement.rows is not None and grid_shape is not None:
         rows, cols = grid_shape
-        s = float(nbytes)
-        row_terms = Terms(2 * (cols - 1), 2 * (cols - 1) / cols * s, (cols - 1) / cols * s, 0)
-        row_phases = max(machine.seconds(row_terms),
+        row_phases = max(machine.seconds(allreduce_terms("torus", nbytes, n, grid_shape, inner, "rows")),
                          _link_seconds(host_pattern("torus", placement, inner, "rows"), nbytes, link))
-        column_phase = max(machine.seconds(allreduce_terms(inner, nbytes // cols, rows)),
+        column_phase = max(machine.seconds(allreduce_terms("torus", nbytes, n, grid_shape, inner, "columns")),
                            _link_seconds(host_pattern("torus", placement, inner, "columns"), nbytes, link))
         k = torus_segments(nbytes, cols, chunk_bytes) if rows > 1 and cols > 1 else 1
         seconds = max(seconds, max(row_phases, column_phase) + min(row_phases, column_phase) / k)

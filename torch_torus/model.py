@@ -7,25 +7,30 @@
 The cluster: `nodes` hosts of `ranks_per_node` ranks, each host with one network link
 (bandwidth, latency per step), hosts in leaf switches of `nodes_per_switch` whose uplinks carry
 (1 - blocking) of what their hosts can send (a fat tree with 50% blocking: blocking=0.5). Ranks
-on one host talk at the local bandwidth and latency. Every algorithm is a sequence of steps in
-which each rank exchanges with the rank a fixed distance away (the ring: 1; a torus column: the
-row length; recursive doubling and halving: powers of two), so a step's bandwidth is what a
-flow gets when every rank sends at that distance at once: the link shared by the host's ranks
-whose partner is elsewhere, the leaf's uplinks shared by its flows that leave it. Direct sends
-to every rank at once and is charged for the most loaded of link, uplinks and local copies.
+on one host talk at the local bandwidth and latency. Ranks are placed in order (host h holds
+ranks h*ranks_per_node ...), the torus as rows of consecutive ranks, as torch_torus.topology does.
 
-    time = max(call_floor, calls x call_overhead + steps x latency + bytes / step bandwidth
-               + bytes reduced / reduce_rate + extra concurrent messages x message_overhead)
+The algorithms are torch_torus.cost_model's: the collective calls each makes, each a sequence of
+steps saying how much every rank sends, reduces and to whom (the one description the group's
+automatic choice uses too). What this module adds is the cluster. Each step runs on the machine
+the cluster is for it: its latency is the link's where a message crosses hosts, the local one
+elsewhere, and its bytes flow at the pace of the most loaded path they share: a rank's copies to
+ranks of its own host (local bandwidth), the busiest host link (its bandwidth shared by the
+host's bytes that leave it), the busiest leaf's uplinks. So
+
+    time = max(call_floor, calls x call_overhead + sum over steps of (latency
+               + bytes / step bandwidth + bytes reduced / reduce_rate
+               + extra concurrent messages x message_overhead))
 
 where the torus pays three call overheads (row reduce-scatter, column allreduce, row allgather)
 under one floor. call_floor is the least an allreduce takes whatever its steps: where ranks
 outnumber cores, every rank must get a core before it can end, which costs the same for one step
 as for six (on this machine 4 ranks took 0.2-0.3 ms at 4 KiB with any algorithm); once they run,
-the torus's later calls do not pay it again. Elsewhere it is 0.
-
-On one host this is torch_torus.cost_model (the same steps and bytes) plus the call overhead;
-tests/test_model.py holds them to each other. Ranks are placed in order (host h holds ranks
-h*ranks_per_node ...), the torus as rows of consecutive ranks, as torch_torus.topology does.
+the torus's later calls do not pay it again. Elsewhere it is 0. On one host, with no call
+overhead and no floor, this is cost_model.allreduce_seconds with the local figures as its
+machine, except two_shot: its bytes are single copies between the ranks' buffers, charged half a
+message's two copies here, where the selection model's fitted shared-memory figures count them
+whole.
 
 A DDP step (ResNet-50's 25.6M float32 gradients in buckets of bucket_bytes): the allreduces
 run one after another while backward (backward_share of the compute time) produces buckets, so
@@ -34,24 +39,27 @@ run one after another while backward (backward_share of the compute time) produc
     images/s per node = batch_per_node / step
 
 --fit adjusts the latency, bandwidth, reduce-rate, overhead and floor figures to bench --json or tuning
-files (relative least squares, searched in log space, since link sharing makes the model
-piecewise) and prints each measurement beside its prediction.
+files (least squares of the relative errors, over the figures' logarithms, by scipy.optimize)
+and prints each measurement beside its prediction.
 """
 
 from __future__ import annotations
 
 import argparse
 import dataclasses
+import functools
 import json
 import math
 import re
 from dataclasses import dataclass
 
-from .config import parse_bytes
+from . import cost_model, units
+from .config import ALGORITHMS as _BY_COLLECTIVE
+from .config import SHARED_MEMORY_ALGORITHMS
 
-ALGORITHMS = ("ring", "torus", "direct", "recursive_doubling", "rabenseifner")
-# Only with every rank on one host: each rank maps the others' buffers (torch_torus over shm).
-SHARED_MEMORY_ALGORITHMS = ("one_shot", "two_shot")
+# The allreduce algorithms the model compares across nodes (the shared-memory ones run on one host only).
+ALGORITHMS = tuple(a for a in _BY_COLLECTIVE["allreduce"] if a not in SHARED_MEMORY_ALGORITHMS)
+MODELLED = _BY_COLLECTIVE["allreduce"]
 
 
 @dataclass(frozen=True)
@@ -112,83 +120,53 @@ NURION = System(
 
 
 # --------------------------------------------------------------------------------------------
-# One step of an algorithm: every rank exchanges with the rank `distance` away.
+# The selection model's steps, each given the latency and bandwidth the system gives it
 
 
-def _leaving(block: int, distance: int, span: int, paired: bool) -> int:
-    """Flows that leave a block of `block` consecutive ranks (a host, a leaf switch) when each of
-    `span` ranks sends `distance` away: to rank r + distance (a shift: the ring, a torus column),
-    or, `paired`, to rank r XOR distance (recursive doubling and halving), which stays inside a
-    power-of-two block while the distance is below its size."""
-    if span <= block:
-        return 0
-    if not paired:
-        return min(distance, block)
-    if block & (block - 1) == 0:
-        return 0 if distance < block else block
-    return sum(1 for r in range(block) if (r ^ distance) >= block)
+@dataclass(frozen=True)
+class _Path:
+    """Where a rank's bytes go in one of a step's repeats, per byte it sends."""
+
+    crosses_hosts: bool
+    within: float  # the most that goes to ranks of the sender's own host
+    host: float  # over the busiest host link
+    leaf: float  # over the busiest leaf switch's uplinks
 
 
-def _step_link(system: System, distance: int, span: int, paired: bool = False) -> tuple[float, float]:
-    """(latency, bandwidth per flow) of a step in which every rank of a group of `span`
-    consecutive ranks sends to the rank `distance` away (`paired`: to rank r XOR distance)."""
-    p, leaf = system.ranks_per_node, system.ranks_per_node * system.nodes_per_switch
-    off_node = _leaving(p, distance, span, paired)  # flows leaving each host
-    off_leaf = _leaving(leaf, distance, span, paired)  # flows leaving each leaf switch
-    if off_node == 0:
-        return system.local_latency, system.local_bandwidth
-    bandwidth = system.link_bandwidth / off_node
-    if off_node < p:  # some flows stay on the host, at the local bandwidth
-        bandwidth = min(bandwidth, system.local_bandwidth)
-    if off_leaf:
-        uplink = (1 - system.blocking) * system.nodes_per_switch * system.link_bandwidth
-        bandwidth = min(bandwidth, uplink / off_leaf)
-    return system.link_latency, bandwidth
+def _path(step: cost_model.Step, hosts: list[int], leaves: list[int]) -> _Path:
+    """`hosts[r]`, `leaves[r]`: rank r's host and leaf switch."""
+    if not step.flows:  # shared memory: every byte stays on the host
+        return _Path(False, 1.0, 0.0, 0.0)
+    on_hosts, on_leaves = cost_model.crossing(step, hosts), cost_model.crossing(step, leaves)
+    return _Path(bool(on_hosts.out), on_hosts.within / step.sent, on_hosts.busiest / step.sent,
+                 on_leaves.busiest / step.sent)
 
 
-def _steps(system: System, steps: float, distance: int, span: int, sent: float, reduced: float,
-           paired: bool = False) -> float:
-    """`steps` steps at `distance` within `span` ranks, sending `sent` and reducing `reduced`
-    bytes in all."""
-    latency, bandwidth = _step_link(system, distance, span, paired)
-    return steps * latency + sent / bandwidth + reduced / system.reduce_rate
+@functools.lru_cache(maxsize=1024)
+def _calls(algorithm: str, n: int, shape: tuple[int, int] | None, ranks_per_node: int,
+           nodes_per_switch: int) -> tuple[tuple[tuple[cost_model.Step, _Path], ...], ...]:
+    """The collective calls of an allreduce over n ranks placed in order, host h holding ranks
+    h*ranks_per_node..., each as its steps and their paths."""
+    calls = cost_model.allreduce_calls(algorithm, tuple(range(n)), cost_model.row_major(shape))
+    hosts = [r // ranks_per_node for r in range(n)]
+    leaves = [r // (ranks_per_node * nodes_per_switch) for r in range(n)]
+    return tuple(tuple((step, _path(step, hosts, leaves)) for step in call) for call in calls)
 
 
-def _ring(system: System, nbytes: float, n: int, distance: int, span: int) -> float:
-    """Reduce-scatter and allgather around a ring of n ranks, `distance` apart."""
-    if n <= 1:
-        return 0.0
-    return _steps(system, 2 * (n - 1), distance, span, 2 * nbytes * (n - 1) / n, nbytes * (n - 1) / n)
-
-
-def _power_of_two(system: System, nbytes: float, n: int, halving: bool) -> float:
-    """Recursive doubling (whole buffer each round) or Rabenseifner (halving, then doubling)."""
-    p = 1 << (n.bit_length() - 1)
-    seconds = 0.0
-    if n != p:  # fold the extra ranks onto partners, unfold at the end: two steps of S
-        seconds += _steps(system, 2, p, n, 2 * nbytes, nbytes)
-    distance = p // 2
-    while distance >= 1:
-        if halving:
-            share = nbytes * distance / p  # the half a rank gives away at this distance
-            seconds += _steps(system, 2, distance, n, 2 * share, share, paired=True)
-        else:
-            seconds += _steps(system, 1, distance, n, nbytes, nbytes, paired=True)
-        distance //= 2
-    return seconds
-
-
-def _direct(system: System, nbytes: float, n: int) -> float:
-    """Every rank sends a 1/n slice to every other rank, twice (reduce-scatter, allgather)."""
-    p, leaf = system.ranks_per_node, system.ranks_per_node * system.nodes_per_switch
-    per_peer = 2 * nbytes / n  # both rounds
-    local = per_peer * (min(p, n) - 1) / system.local_bandwidth
-    link = p * per_peer * max(0, n - p) / system.link_bandwidth if n > p else 0.0
-    uplink_capacity = (1 - system.blocking) * system.nodes_per_switch * system.link_bandwidth
-    uplink = leaf * per_peer * (n - leaf) / uplink_capacity if n > leaf else 0.0
-    latency = system.link_latency if n > p else system.local_latency
-    return (2 * latency + max(local, link, uplink) + nbytes * (n - 1) / n / system.reduce_rate
-            + 2 * (n - 2) * system.message_overhead)
+def _step_seconds(system: System, step: cost_model.Step, path: _Path, nbytes: float) -> float:
+    """The step on the machine that the system is for it: its latency is the link's where a
+    message crosses hosts, and its bytes flow at the pace of the slowest path they share: copies
+    on the host, the host's link (shared by the host's flows that leave it), the leaf's uplinks
+    (which carry 1 - blocking of what the leaf's hosts can send)."""
+    uplinks = (1 - system.blocking) * system.nodes_per_switch * system.link_bandwidth
+    seconds_per_byte = max(path.within / system.local_bandwidth, path.host / system.link_bandwidth,
+                           path.leaf / uplinks)
+    if step.single_copy:  # one copy where a message makes two
+        seconds_per_byte /= 2
+    machine = cost_model.Machine(latency=system.link_latency if path.crosses_hosts else system.local_latency,
+                                 bandwidth=1 / seconds_per_byte, reduce_rate=system.reduce_rate,
+                                 message_overhead=system.message_overhead)
+    return machine.seconds(cost_model.step_terms(step, nbytes))
 
 
 def torus_shapes(n: int) -> list[tuple[int, int]]:
@@ -207,47 +185,39 @@ def allreduce_seconds(system: System, algorithm: str, nbytes: float,
     """One allreduce of `nbytes` over the system's ranks. `shape` (rows, columns) sets the
     torus grid; without one the torus takes its best grid, or runs as the ring if it has none."""
     n = system.ranks
+    if n > 1 and algorithm == "torus" and shape is None:
+        shapes = torus_shapes(n)
+        if not shapes:
+            return allreduce_seconds(system, "ring", nbytes)
+        return min(allreduce_seconds(system, "torus", nbytes, s) for s in shapes)
+    if algorithm not in MODELLED:
+        raise ValueError(f"no model for allreduce algorithm {algorithm!r}; known: {', '.join(MODELLED)}")
+    if algorithm in SHARED_MEMORY_ALGORITHMS and system.nodes > 1:
+        raise ValueError(f"{algorithm} needs every rank on one host (shared memory); "
+                         f"this system has {system.nodes} nodes")
+    shape = shape if algorithm == "torus" else None
+    if shape is not None and shape[0] * shape[1] != n:
+        raise ValueError(f"torus shape {shape[0]}x{shape[1]} does not hold {n} ranks")
+    calls = _calls(algorithm, n, shape, system.ranks_per_node, system.nodes_per_switch)
+    seconds = sum(system.call_overhead + sum(_step_seconds(system, step, path, nbytes) for step, path in call)
+                  for call in calls)
+    # One rank has no steps, but its allreduce is still a call.
+    return max(system.call_floor, seconds if calls else system.call_overhead)
 
-    def call(seconds: float) -> float:
-        return max(system.call_floor, system.call_overhead + seconds)
 
-    if n <= 1:
-        return call(0.0)
-    if algorithm == "ring":
-        return call(_ring(system, nbytes, n, 1, n))
-    if algorithm == "direct":
-        return call(_direct(system, nbytes, n))
-    if algorithm in ("recursive_doubling", "rabenseifner"):
-        return call(_power_of_two(system, nbytes, n, algorithm == "rabenseifner"))
-    if algorithm in SHARED_MEMORY_ALGORITHMS:
-        if system.nodes > 1:
-            raise ValueError(f"{algorithm} needs every rank on one host (shared memory); "
-                             f"this system has {system.nodes} nodes")
-        if algorithm == "one_shot":  # copy S into shared memory, then reduce all n buffers: one step
-            return call(_steps(system, 1, 1, n, nbytes, (n - 1) * nbytes))
-        # two_shot: each rank reduces its slice of every buffer, then writes it into the others'.
-        # Its 2S(n-1)/n bytes are single copies between the ranks' own buffers, where a message
-        # is copied twice (into a shared slot, out of it): charged as S(n-1)/n sent.
-        return call(_steps(system, 2, 1, n, nbytes * (n - 1) / n, nbytes * (n - 1) / n))
-    if algorithm == "torus":
-        if shape is None:
-            shapes = torus_shapes(n)
-            if not shapes:
-                return allreduce_seconds(system, "ring", nbytes)
-            return min(allreduce_seconds(system, "torus", nbytes, s) for s in shapes)
-        rows, cols = shape
-        if rows * cols != n:
-            raise ValueError(f"torus shape {rows}x{cols} does not hold {n} ranks")
-        # Row reduce-scatter and allgather (one call each), a ring allreduce of S/c down the columns.
-        return call(2 * system.call_overhead + _ring(system, nbytes, cols, 1, cols)
-                    + _ring(system, nbytes / cols, rows, cols, n))
-    raise ValueError(f"no model for allreduce algorithm {algorithm!r}; known: "
-                     f"{', '.join(ALGORITHMS + SHARED_MEMORY_ALGORITHMS)}")
+# Grids predicted within this fraction of each other are tied. A grid and its transpose move the
+# same bytes in the same steps wherever the uplinks do not tell them apart, and which of the two
+# sums comes out a rounding error faster depends on the order of its terms.
+_SHAPE_TIE = 1e-12
 
 
 def best_torus_shape(system: System, nbytes: float) -> tuple[int, int] | None:
-    shapes = torus_shapes(system.ranks)
-    return min(shapes, key=lambda s: allreduce_seconds(system, "torus", nbytes, s)) if shapes else None
+    """The fastest grid; of tied ones, the first of torus_shapes (the most rows)."""
+    seconds = {s: allreduce_seconds(system, "torus", nbytes, s) for s in torus_shapes(system.ranks)}
+    if not seconds:
+        return None
+    fastest = min(seconds.values())
+    return next(s for s, t in seconds.items() if t <= fastest * (1 + _SHAPE_TIE))
 
 
 def bucket_sizes(system: System) -> list[int]:
@@ -282,8 +252,6 @@ class Measurement:
     seconds: float
     shape: tuple[int, int] | None
 
-
-MODELLED = ALGORITHMS + SHARED_MEMORY_ALGORITHMS
 
 
 def load_measurements(paths: list[str]) -> list[Measurement]:
@@ -324,85 +292,64 @@ def predict(system: System, m: Measurement) -> float:
     return allreduce_seconds(placed, m.algorithm, m.nbytes, m.shape if m.algorithm == "torus" else None)
 
 
-def fit(system: System, measurements: list[Measurement], rounds: int = 60,
-        fixed: tuple[str, ...] = ()) -> System:
+def fit(system: System, measurements: list[Measurement], fixed: tuple[str, ...] = ()) -> System:
     """The system with FITTED figures adjusted to minimise the squared relative error of the
-    predictions: coordinate search in log space with shrinking steps (the model is piecewise
-    linear in the figures, so plain least squares does not apply). Figures that no measurement
-    depends on (the link's, when every measurement is on one host) keep their values, and so do
-    those named in `fixed` (known ones, such as a link's measured rate)."""
-    def error(candidate: System) -> float:
-        return sum((predict(candidate, m) / m.seconds - 1) ** 2 for m in measurements)
+    predictions, by scipy.optimize.least_squares over the figures' logarithms (they stay
+    positive and move by factors; the model is piecewise in them, so the Jacobian is taken by
+    differences of 0.1%). Figures that no measurement depends on (the link's, when every
+    measurement is on one host) keep their values, and so do those named in `fixed` (known
+    ones, such as a link's measured rate)."""
+    from scipy.optimize import least_squares
+
+    def errors(candidate: System) -> list[float]:
+        return [predict(candidate, m) / m.seconds - 1 for m in measurements]
 
     # Zero overheads cannot be scaled: start them small but not zero. A floor below every
-    # prediction changes nothing, so scaling it would never move it: start it at half the
-    # fastest call measured.
-    current = dataclasses.replace(system, message_overhead=system.message_overhead or 1e-6,
-                                  call_overhead=system.call_overhead or 1e-6,
-                                  call_floor=system.call_floor or min(m.seconds for m in measurements) / 2)
-    best = error(current)
-    factor = 4.0
-    for _ in range(rounds):
-        improved = False
-        for name in (n for n in FITTED if n not in fixed):
-            for scale in (factor, 1 / factor):
-                candidate = dataclasses.replace(current, **{name: getattr(current, name) * scale})
-                value = error(candidate)
-                if value < best:
-                    current, best, improved = candidate, value, True
-        if not improved:
-            factor = math.sqrt(factor)
-            if factor < 1.001:
-                break
-    return current
+    # prediction changes nothing, so the fit would never move it: start it at half the fastest
+    # call measured. Figures given stay as given, zero included (--call-floor 0: no floor).
+    starts = {"message_overhead": system.message_overhead or 1e-6, "call_overhead": system.call_overhead or 1e-6,
+              "call_floor": system.call_floor or min(m.seconds for m in measurements) / 2}
+    start = dataclasses.replace(system, **{name: value for name, value in starts.items() if name not in fixed})
+    at_start = errors(start)
+    free = [name for name in FITTED if name not in fixed and any(
+        errors(dataclasses.replace(start, **{name: getattr(start, name) * scale})) != at_start for scale in (4, 1 / 4))]
+    if not free:
+        return start
+
+    def with_logs(logs) -> System:
+        return dataclasses.replace(start, **{name: math.exp(value) for name, value in zip(free, logs)})
+
+    solution = least_squares(lambda logs: errors(with_logs(logs)), [math.log(getattr(start, n)) for n in free],
+                             diff_step=1e-3)
+    return with_logs(solution.x)
 
 
 # --------------------------------------------------------------------------------------------
 # Command line
 
 
-_TIME_UNITS = {"s": 1.0, "ms": 1e-3, "us": 1e-6, "ns": 1e-9}
-_RATE_UNITS = {"": 1.0, "k": 1e3, "m": 1e6, "g": 1e9}
-
-
-def parse_seconds(text: str) -> float:
-    match = re.fullmatch(r"\s*([0-9.eE+-]+)\s*(s|ms|us|ns)?\s*", text)
-    if not match:
-        raise argparse.ArgumentTypeError(f"not a time: {text!r} (e.g. 4us, 1.2ms, 0.4s)")
-    return float(match.group(1)) * _TIME_UNITS[match.group(2) or "s"]
-
-
-def parse_rate(text: str) -> float:
-    """Bytes per second: '12.5G' = 12.5e9 (decimal, as link speeds are quoted)."""
-    match = re.fullmatch(r"\s*([0-9.eE+-]+)\s*([kKmMgG]?)(?:B/s)?\s*", text)
-    if not match:
-        raise argparse.ArgumentTypeError(f"not a bandwidth: {text!r} (bytes/s, e.g. 12.5G)")
-    return float(match.group(1)) * _RATE_UNITS[match.group(2).lower()]
-
-
-def _byte_count(text: str) -> int:
-    try:
-        return parse_bytes(text)
-    except ValueError as error:
-        raise argparse.ArgumentTypeError(f"{text!r}: {error}") from None
-
+# Command-line figures in torch_torus.units' convention; a number without a unit is in bytes
+# per second (rates) or seconds (durations).
+_rate = units.argument(functools.partial(units.parse_rate, default_unit="B/s"))
+_seconds = units.argument(functools.partial(units.parse_duration, default_unit="s"))
+_size = units.argument(units.parse_size)
 
 _OPTIONS = {  # System field -> (parser, help)
     "ranks_per_node": (int, "ranks per node"),
-    "link_bandwidth": (parse_rate, "bytes/s of a node's network link, e.g. 12.5G"),
-    "link_latency": (parse_seconds, "latency of one step between nodes, e.g. 4us"),
-    "local_bandwidth": (parse_rate, "bytes/s between ranks of one node"),
-    "local_latency": (parse_seconds, "latency of one step within a node"),
+    "link_bandwidth": (_rate, "rate of a node's network link: bytes/s (12.5G, 12.5GB/s) or bits (100gbit)"),
+    "link_latency": (_seconds, "latency of one step between nodes, e.g. 4us"),
+    "local_bandwidth": (_rate, "bytes/s between ranks of one node"),
+    "local_latency": (_seconds, "latency of one step within a node"),
     "nodes_per_switch": (int, "nodes per leaf switch"),
     "blocking": (float, "fat-tree blocking: share of a leaf's bandwidth its uplinks lack (0.5 = 50%%)"),
-    "reduce_rate": (parse_rate, "bytes/s one rank reduces"),
-    "message_overhead": (parse_seconds, "per extra concurrent message (direct)"),
-    "call_overhead": (parse_seconds, "per collective call (the torus makes three)"),
-    "call_floor": (parse_seconds, "the least an allreduce takes (ranks outnumbering cores); 0 elsewhere"),
-    "compute_seconds": (parse_seconds, "compute time of one training step"),
+    "reduce_rate": (_rate, "bytes/s one rank reduces"),
+    "message_overhead": (_seconds, "per extra concurrent message (direct)"),
+    "call_overhead": (_seconds, "per collective call (the torus makes three)"),
+    "call_floor": (_seconds, "the least an allreduce takes (ranks outnumbering cores); 0 elsewhere"),
+    "compute_seconds": (_seconds, "compute time of one training step"),
     "backward_share": (float, "share of the compute that overlaps the allreduces"),
-    "gradient_bytes": (_byte_count, "gradient bytes per step, e.g. 100M"),
-    "bucket_bytes": (_byte_count, "DDP bucket size, e.g. 25M"),
+    "gradient_bytes": (_size, "gradient bytes per step, e.g. 100M"),
+    "bucket_bytes": (_size, "DDP bucket size, e.g. 25M"),
     "batch_per_node": (int, "images per node per step"),
 }
 PRESETS = {"nurion": NURION, "default": System()}

@@ -4,8 +4,8 @@ thresholds for the others)."""
 
 from __future__ import annotations
 
-from .config import ALGORITHMS, MAX_BYTES, SHARED_MEMORY_ALGORITHMS, Rule
-from .cost_model import DEFAULT_CHUNK_BYTES, HOST_LINK, MACHINES, Link, Machine, Placement, auto_allreduce_rules
+from .config import ALGORITHMS, DEFAULT_CHUNK_BYTES, MAX_BYTES, SHARED_MEMORY_ALGORITHMS, Rule
+from .cost_model import HOST_LINK, MACHINES, Link, Machine, Placement, auto_allreduce_rules
 from .topology import Grid
 
 # Automatic choice for the collectives without a cost model yet: a latency-bound algorithm for
