@@ -21,7 +21,8 @@ import torch_torus
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--algorithm", default="one_shot", help="TORUS_ALLREDUCE value (default: %(default)s)")
+    parser.add_argument("--algorithm", default=torch_torus.algorithms.SHARED_MEMORY[0],
+                        help="TORUS_ALLREDUCE value (default: %(default)s)")
     parser.add_argument("--bytes", type=int, default=4096, help="allreduce size (default: %(default)s)")
     parser.add_argument("--calls", type=int, default=2000, help="calls per round (default: %(default)s)")
     parser.add_argument("--rounds", type=int, default=5, help="rounds; the best counts (default: %(default)s)")

@@ -170,7 +170,7 @@ def test_fit_recovers_figures_from_their_own_predictions(tmp_path):
     assert (given.local_latency, given.call_floor) == (250e-6, 0.0)
 
 
-@pytest.mark.parametrize("algorithm", ALGORITHMS + model.SHARED_MEMORY_ALGORITHMS)
+@pytest.mark.parametrize("algorithm", ALGORITHMS + model.SHARED_MEMORY)
 def test_call_floor_bounds_every_algorithm_from_below(algorithm):
     """Where ranks outnumber cores, small allreduces take the floor whatever their steps; large
     ones are untouched; and the torus's three calls share one floor."""
@@ -193,7 +193,7 @@ def test_node_counts():
 
 def test_shared_memory_algorithms_run_on_one_host_only():
     one_host = System(nodes=1, ranks_per_node=4)
-    for algorithm in model.SHARED_MEMORY_ALGORITHMS:
+    for algorithm in model.SHARED_MEMORY:
         times = [allreduce_seconds(one_host, algorithm, s) for s in (4096, 1 << 20, 16 << 20)]
         assert times == sorted(times) and times[0] > 0
         with pytest.raises(ValueError, match=f"{algorithm} needs every rank on one host"):

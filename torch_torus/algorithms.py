@@ -52,14 +52,20 @@ TORUS_INNER: tuple[str, ...] = tuple(a.name for a in BY_COLLECTIVE["allreduce"] 
 # Allreduce algorithms that need every rank of the group in one host's shared memory.
 SHARED_MEMORY: tuple[str, ...] = tuple(
     a.name for a in BY_COLLECTIVE["allreduce"] if a.needs_any("shared_memory"))
-# Allreduce algorithms that need a torus grid.
+# Allreduce algorithms that need a torus grid, and the one whose grids the tools tabulate.
 NEEDS_GRID: tuple[str, ...] = tuple(a.name for a in BY_COLLECTIVE["allreduce"] if a.needs_any("grid"))
+GRID_ALLREDUCE: str = NEEDS_GRID[0]
 
 # Shared with the algorithms: the chunks a pipelined algorithm keeps in flight per peer, the
 # default chunk, and the one-shot shared-memory slot.
 CHUNKS_IN_FLIGHT: int = _C.CHUNKS_IN_FLIGHT
 DEFAULT_CHUNK_BYTES: int = _C.DEFAULT_CHUNK_BYTES
 SHM_SLOT_BYTES: int = _C.SHM_SLOT_BYTES
+
+
+def instead(collective: str, name: str, need: str) -> str:
+    """What runs in place of `name` where the group lacks `need` (`name` itself if it needs none)."""
+    return next((r.instead for r in entry(collective, name).needs if r.need == need), name)
 
 
 def entry(collective: str, name: str) -> Algorithm:

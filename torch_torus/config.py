@@ -20,23 +20,18 @@ import socket
 from dataclasses import dataclass
 from typing import Any, Callable, Mapping
 
+from . import algorithms
 from .units import parse_duration, parse_rate, parse_size, render_bit_rate, render_duration
 
-# Algorithms per collective, as TORUS_<COLLECTIVE> names them; "auto" (the default) lets the
-# group choose per call: a cost model for allreduce, fixed size thresholds for the others.
-ALGORITHMS: dict[str, tuple[str, ...]] = {
-    "allreduce": ("ring", "torus", "direct", "recursive_doubling", "rabenseifner", "one_shot", "two_shot"),
-    "allgather": ("ring", "direct"),
-    "reduce_scatter": ("ring", "direct"),
-    "broadcast": ("binomial", "chain"),
-}
-TORUS_INNER_ALGORITHMS = ("ring", "direct", "recursive_doubling", "rabenseifner")
-# Allreduce algorithms that need every rank of the group in one host's shared memory.
-SHARED_MEMORY_ALGORITHMS = ("one_shot", "two_shot")
+# Algorithms per collective, as TORUS_<COLLECTIVE> names them (from the C++ catalog); "auto" (the
+# default) lets the group choose per call: a cost model for allreduce, size thresholds for the others.
+ALGORITHMS: dict[str, tuple[str, ...]] = algorithms.CHOOSABLE
+TORUS_INNER_ALGORITHMS = algorithms.TORUS_INNER
+SHARED_MEMORY_ALGORITHMS = algorithms.SHARED_MEMORY
 TRANSPORTS = ("auto", "tcp", "shm")
 LOG_LEVELS = ("warn", "info", "debug")
 MAX_BYTES = (1 << 64) - 1  # "max" in a rule: no upper bound
-DEFAULT_CHUNK_BYTES = 512 << 10
+DEFAULT_CHUNK_BYTES = algorithms.DEFAULT_CHUNK_BYTES
 # The largest chunk: far beyond any useful pipelining, and small enough that the algorithms'
 # segment arithmetic (ranks x chunks in flight x chunk bytes) cannot overflow 64 bits.
 MAX_CHUNK_BYTES = 1 << 40
@@ -214,7 +209,7 @@ SETTINGS: tuple[Setting, ...] = (
     ),
     Setting(
         "TORUS_TORUS_INNER",
-        "ring",
+        TORUS_INNER_ALGORITHMS[0],
         _one_of(TORUS_INNER_ALGORITHMS),
         "Allreduce algorithm of the torus's column phase: " + ", ".join(TORUS_INNER_ALGORITHMS) + ".",
     ),

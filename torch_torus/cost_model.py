@@ -59,6 +59,7 @@ from collections import Counter, defaultdict
 from dataclasses import dataclass
 from typing import Callable, Sequence
 
+from . import algorithms
 from .config import DEFAULT_CHUNK_BYTES, MAX_BYTES, Rule
 
 
@@ -443,9 +444,9 @@ def _link_seconds(pattern: HostPattern, nbytes: int, link: Link) -> float:
     return pattern.link_share * nbytes / link.bandwidth + pattern.crossing_steps * link.latency
 
 
-# Chunks each phase of the torus keeps in flight (kChunksInFlight, csrc/collectives/blocks.h): a
+# Chunks each phase of the torus keeps in flight (the catalog's export of kChunksInFlight): a
 # torus segment holds columns x this x the chunk size.
-CHUNKS_IN_FLIGHT = 4
+CHUNKS_IN_FLIGHT = algorithms.CHUNKS_IN_FLIGHT
 
 
 def torus_segments(nbytes: int, cols: int, chunk_bytes: int = DEFAULT_CHUNK_BYTES) -> int:

@@ -53,13 +53,12 @@ import math
 import re
 from dataclasses import dataclass
 
-from . import cost_model, units
-from .config import ALGORITHMS as _BY_COLLECTIVE
-from .config import SHARED_MEMORY_ALGORITHMS
+from . import algorithms, cost_model, units
+from .algorithms import GRID_ALLREDUCE, NEEDS_GRID, SHARED_MEMORY
 
 # The allreduce algorithms the model compares across nodes (the shared-memory ones run on one host only).
-ALGORITHMS = tuple(a for a in _BY_COLLECTIVE["allreduce"] if a not in SHARED_MEMORY_ALGORITHMS)
-MODELLED = _BY_COLLECTIVE["allreduce"]
+ALGORITHMS = tuple(a for a in algorithms.ALLREDUCE if a not in SHARED_MEMORY)
+MODELLED = algorithms.ALLREDUCE
 
 
 @dataclass(frozen=True)
@@ -185,17 +184,17 @@ def allreduce_seconds(system: System, algorithm: str, nbytes: float,
     """One allreduce of `nbytes` over the system's ranks. `shape` (rows, columns) sets the
     torus grid; without one the torus takes its best grid, or runs as the ring if it has none."""
     n = system.ranks
-    if n > 1 and algorithm == "torus" and shape is None:
+    if n > 1 and algorithm in NEEDS_GRID and shape is None:
         shapes = torus_shapes(n)
         if not shapes:
-            return allreduce_seconds(system, "ring", nbytes)
-        return min(allreduce_seconds(system, "torus", nbytes, s) for s in shapes)
+            return allreduce_seconds(system, algorithms.instead("allreduce", algorithm, "grid"), nbytes)
+        return min(allreduce_seconds(system, algorithm, nbytes, s) for s in shapes)
     if algorithm not in MODELLED:
         raise ValueError(f"no model for allreduce algorithm {algorithm!r}; known: {', '.join(MODELLED)}")
-    if algorithm in SHARED_MEMORY_ALGORITHMS and system.nodes > 1:
+    if algorithm in SHARED_MEMORY and system.nodes > 1:
         raise ValueError(f"{algorithm} needs every rank on one host (shared memory); "
                          f"this system has {system.nodes} nodes")
-    shape = shape if algorithm == "torus" else None
+    shape = shape if algorithm in NEEDS_GRID else None
     if shape is not None and shape[0] * shape[1] != n:
         raise ValueError(f"torus shape {shape[0]}x{shape[1]} does not hold {n} ranks")
     calls = _calls(algorithm, n, shape, system.ranks_per_node, system.nodes_per_switch)
@@ -213,7 +212,7 @@ _SHAPE_TIE = 1e-12
 
 def best_torus_shape(system: System, nbytes: float) -> tuple[int, int] | None:
     """The fastest grid; of tied ones, the first of torus_shapes (the most rows)."""
-    seconds = {s: allreduce_seconds(system, "torus", nbytes, s) for s in torus_shapes(system.ranks)}
+    seconds = {s: allreduce_seconds(system, GRID_ALLREDUCE, nbytes, s) for s in torus_shapes(system.ranks)}
     if not seconds:
         return None
     fastest = min(seconds.values())
@@ -289,7 +288,7 @@ def load_measurements(paths: list[str]) -> list[Measurement]:
 
 def predict(system: System, m: Measurement) -> float:
     placed = dataclasses.replace(system, nodes=m.nodes, ranks_per_node=m.ranks_per_node)
-    return allreduce_seconds(placed, m.algorithm, m.nbytes, m.shape if m.algorithm == "torus" else None)
+    return allreduce_seconds(placed, m.algorithm, m.nbytes, m.shape if m.algorithm in NEEDS_GRID else None)
 
 
 def fit(system: System, measurements: list[Measurement], fixed: tuple[str, ...] = ()) -> System:
@@ -412,8 +411,8 @@ def shapes_table(system: System, nodes: int) -> list[str]:
     placed = dataclasses.replace(system, nodes=nodes)
     lines = [f"# torus grids at {nodes} nodes: images/s per node (allreduce ms per step)"]
     for shape in torus_shapes(placed.ranks):
-        total = sum(allreduce_seconds(placed, "torus", b, shape) for b in bucket_sizes(placed))
-        lines.append(f"  {shape[0]:>5}x{shape[1]:<5} {images_per_second_per_node(placed, 'torus', shape):9.3f} "
+        total = sum(allreduce_seconds(placed, GRID_ALLREDUCE, b, shape) for b in bucket_sizes(placed))
+        lines.append(f"  {shape[0]:>5}x{shape[1]:<5} {images_per_second_per_node(placed, GRID_ALLREDUCE, shape):9.3f} "
                      f"({total * 1e3:.2f})")
     return lines
 

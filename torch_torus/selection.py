@@ -4,24 +4,27 @@ thresholds for the others)."""
 
 from __future__ import annotations
 
+from . import algorithms
 from .config import ALGORITHMS, DEFAULT_CHUNK_BYTES, MAX_BYTES, SHARED_MEMORY_ALGORITHMS, Rule
 from .cost_model import HOST_LINK, MACHINES, Link, Machine, Placement, auto_allreduce_rules
 from .topology import Grid
 
-# Automatic choice for the collectives without a cost model yet: a latency-bound algorithm for
-# small messages, the bandwidth-bound one above.
-_AUTO_THRESHOLDS = {
-    "allgather": (Rule("direct", 0, 65536), Rule("ring", 65537, MAX_BYTES)),
-    "reduce_scatter": (Rule("direct", 0, 65536), Rule("ring", 65537, MAX_BYTES)),
-    "broadcast": (Rule("binomial", 0, 1 << 20), Rule("chain", (1 << 20) + 1, MAX_BYTES)),
-}
+
+def size_thresholds(collective: str) -> tuple[Rule, ...]:
+    """The automatic choice for a collective without a cost model yet, from the catalog's
+    thresholds: a latency-bound algorithm for small messages, the bandwidth-bound one above."""
+    rules, lo = [], 0
+    for entry in sorted(algorithms.BY_COLLECTIVE[collective], key=lambda a: a.auto_up_to_bytes):
+        rules.append(Rule(entry.name, lo, min(entry.auto_up_to_bytes, MAX_BYTES)))
+        lo = entry.auto_up_to_bytes + 1
+    return tuple(rules)
 
 
 def allreduce_candidates(grid: Grid | None, transport: str = "tcp") -> tuple[str, ...]:
     """The allreduce algorithms auto chooses among for a group (and the tuner measures): the
     torus only where the group has a grid, since without one it runs as the ring; one_shot and
     two_shot only over shared memory, and listed first there."""
-    usable = [a for a in ALGORITHMS["allreduce"] if a != "torus" or grid is not None]
+    usable = [a for a in ALGORITHMS["allreduce"] if a not in algorithms.NEEDS_GRID or grid is not None]
     if transport != "shm":
         return tuple(a for a in usable if a not in SHARED_MEMORY_ALGORITHMS)
     # First where the model ties: over shared memory they move the same bytes as ring and
@@ -45,7 +48,7 @@ def auto_rules(collective: str, size: int, grid: Grid | None, inner: str, transp
         return auto_allreduce_rules(size, allreduce_candidates(grid, transport), grid.shape if grid else None,
                                     inner, machine or MACHINES[transport], placement_of(hosts, grid), link,
                                     chunk_bytes)
-    return _AUTO_THRESHOLDS[collective]
+    return size_thresholds(collective)
 
 
 def overlay(user: tuple[Rule, ...], automatic: tuple[Rule, ...]) -> tuple[Rule, ...]:

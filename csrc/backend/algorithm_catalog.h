@@ -47,8 +47,9 @@ struct CatalogEntry {
   std::vector<Requirement> needs;
   // May run a torus column (the torus's inner allreduce).
   bool torusInner = false;
-  // For collectives chosen by size without a cost model: the automatic choice for calls up to
-  // this many bytes (the first entry of the collective that covers the size wins).
+  // For collectives chosen by size without a cost model: the automatic choice for calls larger
+  // than the collective's next smaller threshold, up to this many bytes. 0 for allreduce, which
+  // the cost model chooses.
   uint64_t autoUpToBytes = 0;
 };
 
