@@ -63,6 +63,23 @@ DEFAULT_CHUNK_BYTES: int = _C.DEFAULT_CHUNK_BYTES
 SHM_SLOT_BYTES: int = _C.SHM_SLOT_BYTES
 
 
+def markdown_table() -> str:
+    """The catalog as README.md shows it (a test checks that the two agree)."""
+    lines = ["| collective | algorithm | needs (else runs instead) | torus column | auto |", "|---|---|---|---|---|"]
+    for a in CATALOG:
+        needs = ", ".join(f"{r.need.replace('_', ' ')} (else {r.instead})" for r in a.needs) or "-"
+        if a.auto_up_to_bytes == 0:
+            auto = "cost model"
+        elif len(BY_COLLECTIVE[a.collective]) == 1:
+            auto = "always"
+        elif a.auto_up_to_bytes >= (1 << 64) - 1:
+            auto = "above the others"
+        else:
+            auto = f"up to {a.auto_up_to_bytes} bytes"
+        lines.append(f"| {a.collective} | {a.name} | {needs} | {'yes' if a.torus_inner else ''} | {auto} |")
+    return "\n".join(lines)
+
+
 def instead(collective: str, name: str, need: str) -> str:
     """What runs in place of `name` where the group lacks `need` (`name` itself if it needs none)."""
     return next((r.instead for r in entry(collective, name).needs if r.need == need), name)
