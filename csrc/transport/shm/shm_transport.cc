@@ -312,14 +312,7 @@ RequestPtr ShmTransport::isend(int peer, uint64_t tag, const CallSignature& call
   if (peer < 0 || peer >= size_ || peer == rank_ || !peers_[peer]) {
     throw std::invalid_argument("torus: invalid send peer " + std::to_string(peer));
   }
-  auto op = std::make_shared<Op>();
-  op->owner = this;
-  op->isSend = true;
-  op->peerRank = peer;
-  op->tag = tag;
-  op->buf = const_cast<char*>(static_cast<const char*>(buf));
-  op->nbytes = nbytes;
-  op->call = call;
+  auto op = makeOp<Op>(this, true, peer, tag, call, buf, nbytes);
   std::lock_guard<std::mutex> lock(mutex_);
   Peer& p = *peers_[peer];
   const bool singleCopy = p.readsSingleCopy && nbytes > kSingleCopyBytes;
@@ -361,77 +354,36 @@ RequestPtr ShmTransport::irecv(int peer, uint64_t tag, const CallSignature& call
   if (peer != kAnyPeer && (peer < 0 || peer >= size_ || peer == rank_ || !peers_[peer])) {
     throw std::invalid_argument("torus: invalid receive peer " + std::to_string(peer));
   }
-  auto op = std::make_shared<Op>();
-  op->owner = this;
-  op->peerRank = peer;
-  op->tag = tag;
-  op->buf = static_cast<char*>(buf);
-  op->nbytes = nbytes;
-  op->call = call;
+  auto op = makeOp<Op>(this, false, peer, tag, call, buf, nbytes);
   std::lock_guard<std::mutex> lock(mutex_);
   if (!abortReason_.empty()) {
     op->fail(CommError::Kind::kAborted, abortReason_);
     return op;
   }
-  auto takeArrived = [&](Peer& p) {
-    auto it = p.arrived.find(tag);
-    if (it == p.arrived.end()) {
+  postReceive(op, peer, tag, peers_, anyPeerReceives_, [&](Peer& p, Op& receive) {
+    auto held = popOldest(p.arrived, tag);
+    if (!held) {
       return false;
     }
-    Peer::Held held = std::move(it->second.front());
-    it->second.pop_front();
-    if (it->second.empty()) {
-      p.arrived.erase(it);
-    }
-    op->peerRank = p.rank;
-    if (op->accepts(p.rank, held.header.call, held.header.nbytes)) {
-      if (held.header.kind == kSingleCopy) {
-        readSingleCopy(p, *op, held.header.address);
+    receive.peerRank = p.rank;
+    if (receive.accepts(p.rank, held->header.call, held->header.nbytes)) {
+      if (held->header.kind == kSingleCopy) {
+        readSingleCopy(p, receive, held->header.address);
       } else {
-        std::memcpy(buf, held.payload.data(), nbytes);
-        op->complete = true;
+        std::memcpy(buf, held->payload.data(), nbytes);
+        receive.complete = true;
       }
     }
-    if (held.header.kind == kSingleCopy) {
-      queueAck(p, held.header.sequence);
+    if (held->header.kind == kSingleCopy) {
+      queueAck(p, held->header.sequence);
     }
     return true;
-  };
-  if (peer == kAnyPeer) {
-    for (auto& p : peers_) {
-      if (p && takeArrived(*p)) {
-        return op;
-      }
-    }
-    anyPeerReceives_[tag].push_back(op);
-    return op;
-  }
-  Peer& p = *peers_[peer];
-  if (takeArrived(p)) {
-    return op;
-  }
-  if (!p.failure.empty()) {
-    op->fail(CommError::Kind::kPeer, p.failure);
-    return op;
-  }
-  p.posted[tag].push_back(op);
+  });
   return op;
 }
 
 std::shared_ptr<ShmTransport::Op> ShmTransport::matchPosted(Peer& peer, uint64_t tag) {
-  for (auto* queues : {&peer.posted, &anyPeerReceives_}) {
-    auto it = queues->find(tag);
-    if (it != queues->end()) {
-      auto op = std::move(it->second.front());
-      it->second.pop_front();
-      if (it->second.empty()) {
-        queues->erase(it);
-      }
-      op->peerRank = peer.rank;
-      return op;
-    }
-  }
-  return nullptr;
+  return matchPostedReceive(peer.posted, anyPeerReceives_, tag, peer.rank);
 }
 
 bool ShmTransport::trySend(Peer& peer) {
@@ -608,12 +560,7 @@ void ShmTransport::failPending(Peer& peer, CommError::Kind kind, const std::stri
     entry.second->fail(kind, why);
   }
   peer.awaitingAck.clear();
-  for (auto& entry : peer.posted) {
-    for (auto& op : entry.second) {
-      op->fail(kind, why);
-    }
-  }
-  peer.posted.clear();
+  failQueued(peer.posted, kind, why);
   if (peer.target) {
     peer.target->fail(kind, why);
     peer.target.reset();
@@ -625,21 +572,7 @@ void ShmTransport::failPeer(Peer& peer, const std::string& why) {
   if (!peer.failure.empty()) {
     return;
   }
-  // A group with a dead member cannot finish any collective: every pending request fails and
-  // names it, including those with live peers (which may wait on something the dead rank owed),
-  // and the transport stops, as after abort(), so no request touches a buffer afterwards.
-  for (auto& other : peers_) {
-    if (other) {
-      failPending(*other, CommError::Kind::kPeer, why);
-      other->failure = why;
-    }
-  }
-  for (auto& entry : anyPeerReceives_) {
-    for (auto& op : entry.second) {
-      op->fail(CommError::Kind::kPeer, why);
-    }
-  }
-  anyPeerReceives_.clear();
+  failEveryPeer(peers_, anyPeerReceives_, why, [&](Peer& other) { failPending(other, CommError::Kind::kPeer, why); });
   progressed_.notify_all();
 }
 
@@ -732,20 +665,8 @@ void ShmTransport::probeWaits() {
     if (!peer || !peer->failure.empty()) {
       continue;
     }
-    for (auto& [tag, ops] : peer->posted) {
-      const CallSignature& call = ops.front()->call;
-      if (call.kind == 0 || peer->probedTag == tag) {
-        continue;
-      }
-      peer->probedTag = tag;
-      auto probe = std::make_shared<Op>();
-      probe->isSend = true;
-      probe->peerRank = peer->rank;
-      probe->tag = kProbeTag;
-      probe->probedTag = tag;
-      probe->buf = reinterpret_cast<char*>(&probe->probedTag);
-      probe->nbytes = sizeof(probe->probedTag);
-      probe->header = MessageHeader{kProbeTag, sizeof(probe->probedTag), 0, 0, call, kEager};
+    for (auto& probe : probesFor<Op>(*peer)) {
+      probe->header = MessageHeader{kProbeTag, sizeof(probe->probedTag), 0, 0, probe->call, kEager};
       peer->sends.push_back(probe);
       if (peer->sends.size() == 1) {
         trySend(*peer);
@@ -804,12 +725,7 @@ void ShmTransport::abort(const std::string& why) {
       ring(peer->rank);
     }
   }
-  for (auto& entry : anyPeerReceives_) {
-    for (auto& op : entry.second) {
-      op->fail(CommError::Kind::kAborted, why);
-    }
-  }
-  anyPeerReceives_.clear();
+  failQueued(anyPeerReceives_, CommError::Kind::kAborted, why);
   ring(rank_);
   progressed_.notify_all();
 }

@@ -280,14 +280,7 @@ RequestPtr TcpTransport::isend(int peer, uint64_t tag, const CallSignature& call
   if (peer < 0 || peer >= size_ || peer == rank_) {
     throw std::invalid_argument("torus: invalid send peer " + std::to_string(peer));
   }
-  auto op = std::make_shared<Op>();
-  op->owner = this;
-  op->isSend = true;
-  op->peerRank = peer;
-  op->tag = tag;
-  op->buf = const_cast<char*>(static_cast<const char*>(buf));
-  op->nbytes = nbytes;
-  op->call = call;
+  auto op = makeOp<Op>(this, true, peer, tag, call, buf, nbytes);
   op->header = WireHeader{tag, nbytes, call};
   std::lock_guard<std::mutex> lock(mutex_);
   Pair& pair = *pairs_[peer];
@@ -311,70 +304,29 @@ RequestPtr TcpTransport::irecv(int peer, uint64_t tag, const CallSignature& call
   if (peer != kAnyPeer && (peer < 0 || peer >= size_ || peer == rank_)) {
     throw std::invalid_argument("torus: invalid receive peer " + std::to_string(peer));
   }
-  auto op = std::make_shared<Op>();
-  op->owner = this;
-  op->peerRank = peer;
-  op->tag = tag;
-  op->buf = static_cast<char*>(buf);
-  op->nbytes = nbytes;
-  op->call = call;
+  auto op = makeOp<Op>(this, false, peer, tag, call, buf, nbytes);
   std::lock_guard<std::mutex> lock(mutex_);
   if (!abortReason_.empty()) {
     op->fail(CommError::Kind::kAborted, abortReason_);
     return op;
   }
-  auto takeArrived = [&](Pair& pair) {
-    auto it = pair.arrived.find(tag);
-    if (it == pair.arrived.end()) {
+  postReceive(op, peer, tag, pairs_, anyPeerReceives_, [&](Pair& pair, Op& receive) {
+    auto held = popOldest(pair.arrived, tag);
+    if (!held) {
       return false;
     }
-    Pair::Held held = std::move(it->second.front());
-    it->second.pop_front();
-    if (it->second.empty()) {
-      pair.arrived.erase(it);
-    }
-    op->peerRank = pair.peer;
-    if (op->accepts(pair.peer, held.call, held.payload.size())) {
-      std::memcpy(buf, held.payload.data(), nbytes);
-      op->complete = true;
+    receive.peerRank = pair.peer;
+    if (receive.accepts(pair.peer, held->call, held->payload.size())) {
+      std::memcpy(buf, held->payload.data(), nbytes);
+      receive.complete = true;
     }
     return true;
-  };
-  if (peer == kAnyPeer) {
-    for (auto& pair : pairs_) {
-      if (pair && takeArrived(*pair)) {
-        return op;
-      }
-    }
-    anyPeerReceives_[tag].push_back(op);
-    return op;
-  }
-  Pair& pair = *pairs_[peer];
-  if (takeArrived(pair)) {
-    return op;
-  }
-  if (!pair.failure.empty()) {
-    op->fail(CommError::Kind::kPeer, pair.failure);
-    return op;
-  }
-  pair.posted[tag].push_back(op);
+  });
   return op;
 }
 
 std::shared_ptr<TcpTransport::Op> TcpTransport::matchPosted(Pair& pair, uint64_t tag) {
-  for (auto* queues : {&pair.posted, &anyPeerReceives_}) {
-    auto it = queues->find(tag);
-    if (it != queues->end()) {
-      auto op = std::move(it->second.front());
-      it->second.pop_front();
-      if (it->second.empty()) {
-        queues->erase(it);
-      }
-      op->peerRank = pair.peer;
-      return op;
-    }
-  }
-  return nullptr;
+  return matchPostedReceive(pair.posted, anyPeerReceives_, tag, pair.peer);
 }
 
 bool TcpTransport::trySend(Pair& pair) {
@@ -546,20 +498,8 @@ void TcpTransport::probeWaits() {
     if (!pair || !pair->failure.empty()) {
       continue;
     }
-    for (auto& [tag, ops] : pair->posted) {
-      const CallSignature& call = ops.front()->call;
-      if (call.kind == 0 || pair->probedTag == tag) {
-        continue;
-      }
-      pair->probedTag = tag;
-      auto probe = std::make_shared<Op>();
-      probe->isSend = true;
-      probe->peerRank = pair->peer;
-      probe->tag = kProbeTag;
-      probe->probedTag = tag;
-      probe->buf = reinterpret_cast<char*>(&probe->probedTag);
-      probe->nbytes = sizeof(probe->probedTag);
-      probe->header = WireHeader{kProbeTag, sizeof(probe->probedTag), call};
+    for (auto& probe : probesFor<Op>(*pair)) {
+      probe->header = WireHeader{kProbeTag, sizeof(probe->probedTag), probe->call};
       pair->sends.push_back(probe);
       if (pair->sends.size() == 1) {
         trySend(*pair);
@@ -573,12 +513,7 @@ void TcpTransport::failPending(Pair& pair, CommError::Kind kind, const std::stri
     op->fail(kind, why);
   }
   pair.sends.clear();
-  for (auto& entry : pair.posted) {
-    for (auto& op : entry.second) {
-      op->fail(kind, why);
-    }
-  }
-  pair.posted.clear();
+  failQueued(pair.posted, kind, why);
   if (pair.target) {
     pair.target->fail(kind, why);
     pair.target.reset();
@@ -590,21 +525,7 @@ void TcpTransport::failPair(Pair& pair, const std::string& why) {
   if (!pair.failure.empty()) {
     return;
   }
-  // A group with a dead member cannot finish any collective: every pending request fails and
-  // names it, including those with live peers (which may wait on something the dead rank owed),
-  // and the transport stops, as after abort(), so no request touches a buffer afterwards.
-  for (auto& other : pairs_) {
-    if (other) {
-      failPending(*other, CommError::Kind::kPeer, why);
-      other->failure = why;
-    }
-  }
-  for (auto& entry : anyPeerReceives_) {
-    for (auto& op : entry.second) {
-      op->fail(CommError::Kind::kPeer, why);
-    }
-  }
-  anyPeerReceives_.clear();
+  failEveryPeer(pairs_, anyPeerReceives_, why, [&](Pair& other) { failPending(other, CommError::Kind::kPeer, why); });
 }
 
 std::optional<Transport::StrayMessage> TcpTransport::strayMessage(uint64_t upToTag) {
@@ -705,29 +626,10 @@ void TcpTransport::abort(const std::string& why) {
     if (pair->failure.empty()) {
       tellFault(*pair, why);
     }
-    for (auto& op : pair->sends) {
-      op->fail(CommError::Kind::kAborted, why);
-    }
-    pair->sends.clear();
-    for (auto& entry : pair->posted) {
-      for (auto& op : entry.second) {
-        op->fail(CommError::Kind::kAborted, why);
-      }
-    }
-    pair->posted.clear();
-    if (pair->target) {
-      pair->target->fail(CommError::Kind::kAborted, why);
-      pair->target.reset();
-      pair->discard = true;
-    }
+    failPending(*pair, CommError::Kind::kAborted, why);
     pair->failure = why;
   }
-  for (auto& entry : anyPeerReceives_) {
-    for (auto& op : entry.second) {
-      op->fail(CommError::Kind::kAborted, why);
-    }
-  }
-  anyPeerReceives_.clear();
+  failQueued(anyPeerReceives_, CommError::Kind::kAborted, why);
   wake();
   progressed_.notify_all();
 }
