@@ -16,11 +16,9 @@
 #include "collectives/two_shot_allreduce.h"
 
 #include <algorithm>
-#include <stdexcept>
 
 #include "collectives/blocks.h"
 #include "collectives/shm_posting.h"
-#include "transport/shm/shm_transport.h"
 
 namespace torus {
 
@@ -33,15 +31,11 @@ constexpr size_t kChunkBytes = 256 * 1024;
 
 void two_shot_allreduce(Comm& comm, void* buf, size_t count, const Reducer& reducer, const Chunking&,
                         Scratch& scratch) {
-  ShmTransport* shm = comm.sharedMemory();
-  if (shm == nullptr || !shm->singleCopy()) {
-    throw std::logic_error("torus: two_shot allreduce needs shared memory with single-copy access");
-  }
+  SharedMemory& shm = singleCopyMemory(comm, "two_shot allreduce");
   const int n = comm.size();
   const int me = comm.rank();
   const size_t es = reducer.elementSize;
-  const uint64_t epoch = shm->beginCollective();
-  const auto postings = postAndGather(comm, *shm, epoch, buf, count * es);
+  const auto postings = postAndGather(comm, shm, shm.beginCollective(), buf, count * es);
   const Blocks blocks = evenBlocks(count, n);
   char* base = static_cast<char*>(buf);
   const size_t chunkElements = std::max<size_t>(1, kChunkBytes / es);
@@ -55,18 +49,15 @@ void two_shot_allreduce(Comm& comm, void* buf, size_t count, const Reducer& redu
     // first stop.
     for (int k = 1; k < n; ++k) {
       const int peer = (me + k) % n;
-      shm->readPeer(peer, postings[peer].address + offset, staging, bytes);
+      shm.readPeer(peer, postings[peer].address + offset, staging, bytes);
       reducer(base + offset, staging, elements);
     }
     for (int k = 1; k < n; ++k) {
       const int peer = (me + k) % n;
-      shm->writePeer(peer, postings[peer].address + offset, base + offset, bytes);
+      shm.writePeer(peer, postings[peer].address + offset, base + offset, bytes);
     }
   }
-  for (int k = 1; k < n; ++k) {
-    shm->signalDelivered((me + k) % n);
-  }
-  shm->waitDeliveries(static_cast<uint64_t>(n - 1), comm.deadline());
+  finishWithPeers(comm, shm);
 }
 
 } // namespace torus
