@@ -4,6 +4,7 @@
 #include <torch/python.h>
 
 #include "backend/process_group_torus.h"
+#include "subset_comms.h"
 #ifdef TORUS_WITH_CUDA
 #include "reduce/cuda/reduce_cuda.h"
 #endif
@@ -82,6 +83,8 @@ PYBIND11_MODULE(_C, module) {
                              py::arg("other_host_messages") = t.otherHostMessages);
            })
       .def("reset_traffic", &torus::ProcessGroupTorus::resetTraffic);
+
+  torus::defineSubsetComms(module);
 
 #ifdef TORUS_WITH_CUDA
   module.attr("built_with_cuda") = true;
