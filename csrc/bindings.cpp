@@ -6,7 +6,8 @@
 #include "backend/algorithm_catalog.h"
 #include "backend/process_group_torus.h"
 #include "collectives/blocks.h"
-#include "transport/shm/shm_transport.h"
+#include "subset_comms.h"
+#include "transport/shared_memory.h"
 #ifdef TORUS_WITH_CUDA
 #include "reduce/cuda/reduce_cuda.h"
 #endif
@@ -61,7 +62,7 @@ PYBIND11_MODULE(_C, module) {
   // Constants the cost model and the tuner must share with the algorithms.
   module.attr("CHUNKS_IN_FLIGHT") = torus::kChunksInFlight;
   module.attr("DEFAULT_CHUNK_BYTES") = torus::Chunking().chunkBytes;
-  module.attr("SHM_SLOT_BYTES") = torus::ShmTransport::kSlotBytes;
+  module.attr("SHM_SLOT_BYTES") = torus::SharedMemory::kSlotBytes;
 
   py::class_<torus::AlgorithmRule>(module, "AlgorithmRule")
       .def(py::init([](const std::string& algorithm, uint64_t lo, uint64_t hi) {
@@ -105,6 +106,8 @@ PYBIND11_MODULE(_C, module) {
                              py::arg("other_host_messages") = t.otherHostMessages);
            })
       .def("reset_traffic", &torus::ProcessGroupTorus::resetTraffic);
+
+  torus::defineSubsetComms(module);
 
 #ifdef TORUS_WITH_CUDA
   module.attr("built_with_cuda") = true;

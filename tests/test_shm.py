@@ -1,19 +1,23 @@
 """The shared-memory transport's own promises: nothing left in /dev/shm, the transport chosen
 from where ranks live, the shm-only allreduces refusing what they cannot do, and mismatched calls
-named on both sides (a killed peer, in each shm allreduce too: test_faults.py).
+named on both sides (a killed peer, in each shm allreduce too: test_faults.py). Shared memory as
+a Comm's capability: the shm algorithms on Comms over some ranks of a group (the ranks of one
+host over shm+tcp, Comms of one host interleaved in any order; torch_torus._C._SubsetComms), and
+the torus's row phases on shared memory, against references.
 
 (Every collective also runs over shm and tcp alike: conftest's backend parameter.)"""
 
 from __future__ import annotations
 
 import os
+import random
 
 import pytest
 import torch
 import torch.distributed as dist
 
 import harness
-from reference import first_line
+from reference import first_line, gen
 
 SHM = "torus+shm"
 
@@ -115,3 +119,137 @@ def _case_mismatch_named(ctx, algorithm):
 def test_mismatched_sizes_name_both_sides(algorithm):
     results = harness.run_job(SHM, 2, _case_mismatch_named, algorithm, init="file")
     harness.conclude(harness.problems(results), None, f"{SHM} mismatch")
+
+
+# ------------------------------------------------------------------------------ subset Comms
+
+
+def _subset_comms(ctx, hosts):
+    """A shm+tcp group of its own over the pool's ranks (hosts[r]: rank r's host)."""
+    import torch_torus
+
+    ctx.state["subset_groups"] = ctx.state.get("subset_groups", 0) + 1
+    store = dist.PrefixStore(f"subset-comms-{ctx.state['subset_groups']}", dist.distributed_c10d._get_default_store())
+    return torch_torus._C._SubsetComms(ctx.rank, ctx.world_size, hosts, store.set, store.get)
+
+
+def _blocks(count, n):
+    """evenBlocks: (offset, count) of each of n blocks."""
+    base, larger = divmod(count, n)
+    sizes = [base + (i < larger) for i in range(n)]
+    return [(sum(sizes[:i]), sizes[i]) for i in range(n)]
+
+
+def _run_subset(comms, algorithm, ranks, count, key, rank):
+    """Runs `algorithm` on the Comm over `ranks` with exact float64 inputs; [] or what is wrong."""
+    inputs = {r: gen((key, count), r, (count,), "int32").double() for r in ranks}
+    t = inputs[rank].clone()
+    getattr(comms, algorithm)(ranks, t)
+    me = ranks.index(rank)
+    total = sum(inputs.values())
+    if algorithm.endswith("allreduce"):
+        expected, got = total, t
+    else:
+        offset, size = _blocks(count, len(ranks))[me]
+        if algorithm == "single_copy_reduce_scatter":
+            expected, got = total[offset:offset + size], t[offset:offset + size]
+        else:
+            expected = torch.cat([inputs[r][o:o + c] for r, (o, c) in zip(ranks, _blocks(count, len(ranks)))])
+            got = t
+    return [] if torch.equal(got, expected) else [f"{algorithm} on ranks {ranks}, {count} elements: wrong"]
+
+
+SUBSET_ALGORITHMS = ["one_shot_allreduce", "two_shot_allreduce", "single_copy_reduce_scatter",
+                     "single_copy_allgather"]
+
+
+def _case_one_host_inside_a_group(ctx):
+    # Ranks 0-2 on one host, rank 3 on another: only Comms inside the first host share memory.
+    comms = _subset_comms(ctx, [0, 0, 0, 1])
+    problems = []
+    for ranks, expected in (([0, 1, 2, 3], False), ([2, 0, 1], True), ([0, 1], True), ([2, 3], False),
+                            ([3], True)):
+        if ctx.rank in ranks and comms.shares_memory(ranks) != expected:
+            problems.append(f"ranks {ranks} share memory: {not expected}, expected {expected}")
+    if ctx.rank == 3:
+        return problems + _run_subset(comms, "one_shot_allreduce", [3], 1000, "alone", 3)
+    # Comm ranks in another order than the group's: postings, slots and peers are translated.
+    for ranks in ([2, 0, 1], [1, 2]):
+        if ctx.rank not in ranks:
+            continue
+        for algorithm in SUBSET_ALGORITHMS:
+            for count in (1, 1000, 60_001 if algorithm.startswith("one_shot") else 300_001):
+                problems += _run_subset(comms, algorithm, ranks, count, ("host", algorithm), ctx.rank)
+    return problems
+
+
+def test_shm_algorithms_on_the_ranks_of_one_host_over_shm_and_tcp():
+    harness.check("torus+tcp", 4, _case_one_host_inside_a_group, timeout=120)
+
+
+def _case_interleaved_subsets(ctx, steps, seed):
+    # Comms of one host that share some ranks and not others, in an order every rank knows:
+    # each rank runs the steps it is in. Ranks run different numbers of shm collectives and meet
+    # each peer in different ones, so epochs and slots must be counted per pair of ranks.
+    comms = _subset_comms(ctx, [0] * ctx.world_size)
+    chooser = random.Random(seed)
+    problems = []
+    for step in range(steps):
+        ranks = chooser.sample(range(ctx.world_size), chooser.randint(2, ctx.world_size))
+        algorithm = chooser.choice(SUBSET_ALGORITHMS)
+        count = chooser.choice([1, 33, 4096, 50_001])
+        if ctx.rank in ranks:
+            problems += _run_subset(comms, algorithm, ranks, count, ("interleaved", step), ctx.rank)
+    return problems
+
+
+def test_shm_algorithms_on_interleaved_comms_of_one_host():
+    harness.check("torus+tcp", 4, _case_interleaved_subsets, 60, 14, timeout=180)
+
+
+def _case_subset_mismatch(ctx):
+    comms = _subset_comms(ctx, [0, 0, 1, 1])
+    if ctx.rank >= 2:
+        return []
+    try:
+        comms.one_shot_allreduce([0, 1], torch.ones(1000 + ctx.rank, dtype=torch.float64))
+    except RuntimeError as e:
+        text = str(e)
+        return [] if "8000" in text and "8008" in text else [f"unclear mismatch: {first_line(e)}"]
+    return ["mismatched sizes on a subset Comm were not detected"]
+
+
+def test_mismatch_on_a_subset_comm_is_named():
+    harness.check("torus+tcp", 4, _case_subset_mismatch)
+
+
+# ------------------------------------------------------------------------------ torus rows
+
+
+def _case_torus_rows_on_shared_memory(ctx, ranks_per_host, dims):
+    import torch_torus
+
+    # Small sizes go by one_shot on the whole group (shm only) and the rest by the torus, so the
+    # group's shm collectives interleave with its rows'; the small chunk makes many segments.
+    options = dict(host_id=f"host-{ctx.rank // ranks_per_host}", transport="auto",
+                   allreduce="one_shot:0-4096;torus:4097-max", torus_dims=dims, chunk_bytes=4096)
+    group = ctx.new_group(list(range(ctx.world_size)), pg_options=torch_torus.Options(**options))
+    problems = []
+    for repeat in range(2):
+        for count in (1, 7, 1000, 300_001):
+            inputs = [gen(("rows", repeat, count), r, (count,), "int32").double() for r in range(ctx.world_size)]
+            t = inputs[ctx.rank].clone()
+            dist.all_reduce(t, group=group)
+            if not torch.equal(t, sum(inputs)):
+                problems.append(f"{dims} torus, {count} doubles: wrong")
+    dist.destroy_process_group(group)
+    return problems
+
+
+@pytest.mark.parametrize("world_size,ranks_per_host,dims", [
+    (8, 8, "2x4"),  # two rows of one host, and columns on it too
+    (8, 4, "2x4"),  # a row per host, over shm+tcp
+    (8, 4, "4x2"),  # two rows per host, columns across hosts
+])
+def test_torus_rows_on_shared_memory(world_size, ranks_per_host, dims):
+    harness.check("torus+tcp", world_size, _case_torus_rows_on_shared_memory, ranks_per_host, dims, timeout=180)

@@ -8,7 +8,7 @@
 #include "collectives/reduce_binomial.h"
 #include "collectives/ring_allgather.h"
 #include "collectives/ring_reduce_scatter.h"
-#include "transport/shm/shm_transport.h"
+#include "transport/shared_memory.h"
 
 namespace torus {
 
@@ -105,7 +105,7 @@ bool AlgorithmDispatch::has(Need need, uint64_t nbytes) const {
     case Need::kSingleCopy:
       return singleCopy_;
     case Need::kFitsSlot:
-      return nbytes <= ShmTransport::kSlotBytes;
+      return nbytes <= SharedMemory::kSlotBytes;
   }
   return false;
 }

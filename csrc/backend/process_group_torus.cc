@@ -21,7 +21,8 @@ ProcessGroupTorus::ProcessGroupTorus(const c10::intrusive_ptr<c10d::Store>& stor
   std::iota(members.begin(), members.end(), 0);
   traffic_ = std::make_shared<TrafficCounters>(std::move(group.sameHost));
   comm_ = std::make_unique<Comm>(transport_, std::move(members), rank, traffic_);
-  dispatch_.setSharedMemory(group.sharedMemory, group.singleCopy);
+  const SharedMemory* shm = comm_->sharedMemory();
+  dispatch_.setSharedMemory(shm != nullptr, shm != nullptr && shm->singleCopy());
   executor_ = std::make_unique<CollectiveExecutor>(rank, size, groupName_, config_.logLevel, transport_, *comm_,
                                                    std::make_shared<ArrivalBoard>(store, rank, size), failure_);
   if (config_.logLevel >= 1 && rank == 0) {

@@ -53,8 +53,6 @@ GroupTransport buildTransport(const c10::intrusive_ptr<c10d::Store>& store, int 
       group.description = std::string("shared memory (") +
                           (shm->singleCopy() ? "single-copy transfers" : "no single-copy transfers: two_shot off") +
                           ")";
-      group.sharedMemory = true;
-      group.singleCopy = shm->singleCopy();
       group.transport = std::move(shm);
     } else if (config.transport == "shm+tcp") {
       TORUS_CHECK_ARG(!hostMembers.empty(), "transport shm+tcp needs the ranks' hosts");

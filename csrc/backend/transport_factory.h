@@ -19,10 +19,6 @@ struct GroupTransport {
   std::shared_ptr<Transport> transport;
   // sameHost[r]: rank r shares this process's host.
   std::vector<bool> sameHost;
-  // What the shared-memory allreduces need: every rank in this host's shared memory, and
-  // single-copy access between the ranks' buffers.
-  bool sharedMemory = false;
-  bool singleCopy = false;
   // For the log: "tcp (10.0.0.1)", "shared memory (single-copy transfers)", ...
   std::string description;
 };

@@ -1,13 +1,22 @@
 #include "collectives/shm_posting.h"
 
+#include <stdexcept>
 #include <string>
 
 namespace torus {
 
-std::vector<ShmTransport::Posting> postAndGather(Comm& comm, ShmTransport& shm, uint64_t epoch, const void* buf,
+SharedMemory& singleCopyMemory(Comm& comm, const char* algorithm) {
+  SharedMemory* shm = comm.sharedMemory();
+  if (shm == nullptr || !shm->singleCopy()) {
+    throw std::logic_error(std::string("torus: ") + algorithm + " needs shared memory with single-copy access");
+  }
+  return *shm;
+}
+
+std::vector<SharedMemory::Posting> postAndGather(Comm& comm, SharedMemory& shm, uint64_t epoch, const void* buf,
                                                  size_t nbytes) {
-  std::vector<ShmTransport::Posting> postings(static_cast<size_t>(comm.size()));
-  const ShmTransport::Posting mine{epoch, reinterpret_cast<uint64_t>(buf), nbytes, comm.tag(), comm.call()};
+  std::vector<SharedMemory::Posting> postings(static_cast<size_t>(comm.size()));
+  const SharedMemory::Posting mine{epoch, reinterpret_cast<uint64_t>(buf), nbytes, comm.tag(), comm.call()};
   postings[comm.rank()] = mine;
   shm.post(mine);
   for (int k = 1; k < comm.size(); ++k) {
@@ -21,6 +30,13 @@ std::vector<ShmTransport::Posting> postAndGather(Comm& comm, ShmTransport& shm, 
     }
   }
   return postings;
+}
+
+void finishWithPeers(Comm& comm, SharedMemory& shm) {
+  for (int k = 1; k < comm.size(); ++k) {
+    shm.signalDelivered((comm.rank() + k) % comm.size());
+  }
+  shm.waitDeliveries(comm.deadline());
 }
 
 } // namespace torus

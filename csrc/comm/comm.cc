@@ -4,8 +4,6 @@
 #include <new>
 #include <stdexcept>
 
-#include "transport/shm/shm_transport.h"
-
 namespace torus {
 
 Comm::Comm(std::shared_ptr<Transport> transport, std::vector<int> members, int self,
@@ -14,19 +12,7 @@ Comm::Comm(std::shared_ptr<Transport> transport, std::vector<int> members, int s
   if (self_ < 0 || self_ >= size()) {
     throw std::invalid_argument("torus: this process is not a member of the Comm");
   }
-}
-
-ShmTransport* Comm::sharedMemory() const {
-  auto* shm = dynamic_cast<ShmTransport*>(transport_.get());
-  if (shm == nullptr || !shm->spansGroup() || static_cast<int>(members_.size()) != shm->size()) {
-    return nullptr;
-  }
-  for (size_t i = 0; i < members_.size(); ++i) {
-    if (members_[i] != static_cast<int>(i)) {
-      return nullptr;
-    }
-  }
-  return shm;
+  sharedMemory_ = transport_->sharedMemory(members_, traffic_);
 }
 
 RequestPtr Comm::isend(int peer, const void* buf, size_t nbytes) {

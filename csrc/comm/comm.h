@@ -3,57 +3,20 @@
 // the tag and deadline of the collective in progress.
 #pragma once
 
-#include <atomic>
 #include <cstdint>
 #include <memory>
 #include <vector>
 
+#include "transport/shared_memory.h"
+#include "transport/traffic_counters.h"
 #include "transport/transport.h"
 
 namespace torus {
 
-class ShmTransport;
-
-// Bytes and messages a group has sent to peers on its own host and on other hosts: what shows
-// whether an algorithm keeps its traffic off the links between hosts (a host-rowed torus against
-// a ring). Counted as messages are posted; shared by a Comm and its subsets.
-class TrafficCounters {
- public:
-  // sameHost[r]: transport rank r lives on this process's host.
-  explicit TrafficCounters(std::vector<bool> sameHost) : sameHost_(std::move(sameHost)) {}
-  void count(int transportRank, size_t nbytes) {
-    Counter& counter = sameHost_.at(static_cast<size_t>(transportRank)) ? sameHostSent_ : otherHostSent_;
-    counter.bytes.fetch_add(nbytes, std::memory_order_relaxed);
-    counter.messages.fetch_add(1, std::memory_order_relaxed);
-  }
-  struct Snapshot {
-    uint64_t sameHostBytes, sameHostMessages, otherHostBytes, otherHostMessages;
-  };
-  Snapshot snapshot() const {
-    return {sameHostSent_.bytes.load(), sameHostSent_.messages.load(), otherHostSent_.bytes.load(),
-            otherHostSent_.messages.load()};
-  }
-  void reset() {
-    for (Counter* counter : {&sameHostSent_, &otherHostSent_}) {
-      counter->bytes.store(0);
-      counter->messages.store(0);
-    }
-  }
-
- private:
-  struct Counter {
-    std::atomic<uint64_t> bytes{0};
-    std::atomic<uint64_t> messages{0};
-  };
-  const std::vector<bool> sameHost_;
-  Counter sameHostSent_;
-  Counter otherHostSent_;
-};
-
 class Comm {
  public:
   // members[i] is the transport rank of this Comm's rank i; self is this process's index.
-  // `traffic` (may be null) counts what isend posts.
+  // `traffic` (may be null) counts what isend posts and what shared memory copies.
   Comm(std::shared_ptr<Transport> transport, std::vector<int> members, int self,
        std::shared_ptr<TrafficCounters> traffic = nullptr);
 
@@ -100,9 +63,13 @@ class Comm {
   void sendRecv(int to, const void* sendBuf, size_t sendBytes, int from, void* recvBuf,
                 size_t recvBytes);
 
-  // The shared-memory transport under this Comm when the Comm spans all of its ranks in order
-  // (what one_shot and two_shot allreduce need); nullptr otherwise.
-  ShmTransport* sharedMemory() const;
+  // Shared memory among this Comm's ranks, numbered as the Comm numbers them, when the transport
+  // reaches every one of them through it (the whole group on one host, or a torus row on one
+  // host of a larger group, over shm or shm+tcp); nullptr otherwise. The same on every rank of
+  // the Comm.
+  SharedMemory* sharedMemory() const {
+    return sharedMemory_.get();
+  }
 
   // A Comm over a subset of this one's ranks (given as this Comm's ranks, in order); this
   // process must be among them. Shares the transport, tag, call and deadline.
@@ -113,6 +80,8 @@ class Comm {
   std::shared_ptr<TrafficCounters> traffic_;
   std::vector<int> members_;
   int self_;
+  // Refers into transport_, which outlives it.
+  std::shared_ptr<SharedMemory> sharedMemory_;
   uint64_t tag_ = 0;
   CallSignature call_;
   Deadline deadline_ = Deadline::max();

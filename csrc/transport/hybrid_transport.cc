@@ -75,4 +75,9 @@ std::optional<Transport::StrayMessage> HybridTransport::strayMessage(uint64_t up
   return stray ? stray : tcp_->strayMessage(upToTag);
 }
 
+std::shared_ptr<SharedMemory> HybridTransport::sharedMemory(const std::vector<int>& members,
+                                                           std::shared_ptr<TrafficCounters> traffic) {
+  return shm_->sharedMemory(members, std::move(traffic));
+}
+
 } // namespace torus

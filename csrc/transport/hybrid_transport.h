@@ -41,6 +41,9 @@ class HybridTransport : public Transport {
   bool test(const RequestPtr& request) override;
   void abort(const std::string& why) override;
   std::optional<StrayMessage> strayMessage(uint64_t upToTag) override;
+  // The shm side's: members on this host only.
+  std::shared_ptr<SharedMemory> sharedMemory(const std::vector<int>& members,
+                                             std::shared_ptr<TrafficCounters> traffic) override;
 
  private:
   PolledTransport& route(int peer, uint64_t tag) const;

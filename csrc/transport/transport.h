@@ -81,6 +81,9 @@ constexpr uint64_t kP2PTagBase = uint64_t(1) << 62;
 constexpr uint64_t kProbeTag = UINT64_MAX - 2;
 constexpr int kAnyPeer = -1;
 
+class SharedMemory;
+class TrafficCounters;
+
 class Request {
  public:
   virtual ~Request() = default;
@@ -124,6 +127,14 @@ class Transport {
     CallSignature call;
   };
   virtual std::optional<StrayMessage> strayMessage(uint64_t upToTag) = 0;
+
+  // Shared memory among `members` (transport ranks, this rank among them; the SharedMemory
+  // numbers them 0..k-1 in this order), or nullptr when this transport does not reach every one
+  // of them through shared memory. `traffic` (may be null) counts its single copies.
+  virtual std::shared_ptr<SharedMemory> sharedMemory(const std::vector<int>& members,
+                                                     std::shared_ptr<TrafficCounters> traffic) {
+    return nullptr;
+  }
 };
 
 } // namespace torus

@@ -39,8 +39,10 @@ struct alignas(kLine) MessageHeader {
 };
 static_assert(sizeof(MessageHeader) == kLine, "ring entries stay line-aligned");
 
+// One posting cell: what the segment's owner announced to one peer for their collective `epoch`.
 struct alignas(kLine) SharedPosting {
-  std::atomic<uint64_t> epoch;
+  std::atomic<uint64_t> epoch; // counted per pair of ranks
+  uint64_t ownEpoch; // the owner's own count: names its slot
   uint64_t address;
   uint64_t nbytes;
   uint64_t tag;
@@ -59,8 +61,13 @@ struct ControlBlock {
   char faultText[kFaultTextBytes];
   alignas(kLine) std::atomic<uint32_t> doorbell;
   std::atomic<uint32_t> sleepers;
-  alignas(kLine) std::atomic<uint64_t> delivered;
-  SharedPosting postings[2];
+  // Peers that finished reading each one-shot slot, ever.
+  alignas(kLine) std::atomic<uint64_t> slotReleases[2];
+};
+
+// Deliveries into the segment's owner from one peer, ever.
+struct alignas(kLine) DeliveryCount {
+  std::atomic<uint64_t> count;
 };
 
 // Written by one peer (the producer), read by the segment's owner.
@@ -74,11 +81,25 @@ struct SharedRing {
 constexpr size_t roundUp(size_t n, size_t to) {
   return (n + to - 1) / to * to;
 }
-constexpr size_t kSlotsOffset = roundUp(sizeof(ControlBlock), 4096);
-constexpr size_t kRingsOffset = kSlotsOffset + 2 * ShmTransport::kSlotBytes;
+// A segment of a group of `size` ranks: the control block; two posting cells per rank (the
+// owner's announcements to that peer, for alternate collectives of the pair); the deliveries from
+// each rank; the two one-shot slots; one inbound ring per rank.
+constexpr size_t kPostingsOffset = roundUp(sizeof(ControlBlock), kLine);
+
+size_t deliveriesOffset(int size) {
+  return kPostingsOffset + 2 * static_cast<size_t>(size) * sizeof(SharedPosting);
+}
+
+size_t slotsOffset(int size) {
+  return roundUp(deliveriesOffset(size) + static_cast<size_t>(size) * sizeof(DeliveryCount), 4096);
+}
+
+size_t ringsOffset(int size) {
+  return slotsOffset(size) + 2 * ShmTransport::kSlotBytes;
+}
 
 size_t segmentBytes(int size) {
-  return kRingsOffset + static_cast<size_t>(size) * sizeof(SharedRing);
+  return ringsOffset(size) + static_cast<size_t>(size) * sizeof(SharedRing);
 }
 
 std::string systemError(const std::string& what) {
@@ -138,6 +159,7 @@ bool crossCopy(int pid, char* local, uint64_t remote, size_t nbytes, bool read) 
 struct ShmTransport::Segment {
   char* base = nullptr;
   size_t bytes = 0;
+  int groupSize = 0;
 
   ~Segment() {
     if (base != nullptr) {
@@ -147,12 +169,19 @@ struct ShmTransport::Segment {
   ControlBlock* control() const {
     return reinterpret_cast<ControlBlock*>(base);
   }
-  char* slot(uint64_t epoch) const {
-    return base + kSlotsOffset + (epoch & 1) * kSlotBytes;
+  // The cell the owner posts to `reader` in for their collective `pairEpoch`.
+  SharedPosting* posting(int reader, uint64_t pairEpoch) const {
+    return reinterpret_cast<SharedPosting*>(base + kPostingsOffset) + 2 * reader + (pairEpoch & 1);
+  }
+  DeliveryCount* deliveries(int from) const {
+    return reinterpret_cast<DeliveryCount*>(base + deliveriesOffset(groupSize)) + from;
+  }
+  char* slot(uint64_t ownEpoch) const {
+    return base + slotsOffset(groupSize) + (ownEpoch & 1) * kSlotBytes;
   }
   // The ring that rank `producer` writes into this segment.
   SharedRing* ring(int producer) const {
-    return reinterpret_cast<SharedRing*>(base + kRingsOffset) + producer;
+    return reinterpret_cast<SharedRing*>(base + ringsOffset(groupSize)) + producer;
   }
 };
 
@@ -208,12 +237,16 @@ struct ShmTransport::Peer {
 };
 
 ShmTransport::ShmTransport(int rank, int size, Rendezvous& rendezvous, std::vector<int> members)
-    : rank_(rank), size_(size), self_(std::make_unique<Segment>()), peers_(static_cast<size_t>(size)) {
+    : rank_(rank),
+      size_(size),
+      self_(std::make_unique<Segment>()),
+      peers_(static_cast<size_t>(size)),
+      epochsWith_(static_cast<size_t>(size), 0),
+      deliveriesAwaited_(static_cast<size_t>(size), 0) {
   if (members.empty()) {
     members.resize(static_cast<size_t>(size));
     std::iota(members.begin(), members.end(), 0);
   }
-  spansGroup_ = static_cast<int>(members.size()) == size;
   connectAll(rendezvous, members);
 }
 
@@ -249,6 +282,7 @@ void ShmTransport::connectAll(Rendezvous& rendezvous, const std::vector<int>& me
   }
   self_->base = static_cast<char*>(base);
   self_->bytes = bytes;
+  self_->groupSize = size_;
   self_->control()->magic = kSegmentMagic;
   self_->control()->pid = static_cast<int32_t>(::getpid());
   std::ostringstream mine;
@@ -283,6 +317,7 @@ void ShmTransport::connectAll(Rendezvous& rendezvous, const std::vector<int>& me
     }
     peer->segment.base = static_cast<char*>(at);
     peer->segment.bytes = peerBytes;
+    peer->segment.groupSize = size_;
     if (peer->segment.control()->magic != kSegmentMagic) {
       throw CommError(CommError::Kind::kPeer, "torus: rank " + std::to_string(r) + "'s shared memory is not a torus "
                                               "segment");
@@ -641,7 +676,8 @@ bool ShmTransport::checkPostedCalls() {
     for (auto& [tag, held] : peer->arrived) {
       failed |= failDisagreeing(peer->rank, tag, held.front().header.call);
     }
-    for (const SharedPosting& posting : peer->segment.control()->postings) {
+    for (uint64_t parity : {0, 1}) {
+      const SharedPosting& posting = *peer->segment.posting(rank_, parity);
       if (posting.epoch.load(std::memory_order_acquire) != 0) {
         failed |= failDisagreeing(peer->rank, posting.tag, posting.call);
       }
@@ -732,22 +768,53 @@ void ShmTransport::abort(const std::string& why) {
 
 // ---- Collective support ----
 
-char* ShmTransport::slot(int rank, uint64_t epoch) const {
-  return rank == rank_ ? self_->slot(epoch) : peers_[rank]->segment.slot(epoch);
+bool ShmTransport::connects(int rank) const {
+  return rank == rank_ || (rank >= 0 && rank < size_ && peers_[rank] != nullptr);
 }
 
-void ShmTransport::post(const Posting& posting) {
-  SharedPosting& shared = self_->control()->postings[posting.epoch & 1];
+uint64_t ShmTransport::nextEpochWith(int peer) {
+  return ++epochsWith_[peer];
+}
+
+uint64_t ShmTransport::nextOwnEpoch() {
+  return ownEpoch_.fetch_add(1) + 1;
+}
+
+char* ShmTransport::claimSlot(uint64_t ownEpoch, int readers, Deadline deadline) {
+  // A slot's readers may still read it after this rank has moved on (one_shot does not wait for
+  // them), and, in a subset Comm, after it has run collectives without them: each releases the
+  // slot once done, and a claim waits for the releases owed by the slot's previous use.
+  const size_t parity = ownEpoch & 1;
+  std::lock_guard<std::mutex> claiming(slotMutex_);
+  std::atomic<uint64_t>& released = self_->control()->slotReleases[parity];
+  const uint64_t owed = slotReadsOwed_[parity];
+  waitUntil([&] { return released.load(std::memory_order_acquire) >= owed; }, deadline,
+            [&] { return std::to_string(owed - released.load()) + " peer(s) to finish reading a one-shot slot"; },
+            nullptr);
+  slotReadsOwed_[parity] += static_cast<uint64_t>(readers);
+  return self_->slot(ownEpoch);
+}
+
+const char* ShmTransport::slot(int rank, uint64_t ownEpoch) const {
+  return rank == rank_ ? self_->slot(ownEpoch) : peers_[rank]->segment.slot(ownEpoch);
+}
+
+void ShmTransport::releaseSlot(int rank, uint64_t ownEpoch) {
+  peers_[rank]->segment.control()->slotReleases[ownEpoch & 1].fetch_add(1, std::memory_order_release);
+  ring(rank);
+}
+
+void ShmTransport::post(int peer, uint64_t pairEpoch, const SharedMemory::Posting& posting) {
+  // The cell of pairEpoch - 2 is free: this rank reached pairEpoch - 1 with the peer only after
+  // the peer had posted it, which the peer did after it finished pairEpoch - 2.
+  SharedPosting& shared = *self_->posting(peer, pairEpoch);
+  shared.ownEpoch = posting.epoch;
   shared.address = posting.address;
   shared.nbytes = posting.nbytes;
   shared.tag = posting.tag;
   shared.call = posting.call;
-  shared.epoch.store(posting.epoch, std::memory_order_release);
-  for (auto& peer : peers_) {
-    if (peer) {
-      ring(peer->rank);
-    }
-  }
+  shared.epoch.store(pairEpoch, std::memory_order_release);
+  ring(peer);
 }
 
 template <typename Ready>
@@ -796,9 +863,9 @@ void ShmTransport::waitUntil(Ready ready, Deadline deadline, const std::function
   }
 }
 
-ShmTransport::Posting ShmTransport::waitPosted(int peer, const Posting& mine, Deadline deadline) {
-  const uint64_t epoch = mine.epoch;
-  SharedPosting& shared = peers_[peer]->segment.control()->postings[epoch & 1];
+SharedMemory::Posting ShmTransport::waitPosted(int peer, uint64_t pairEpoch, const SharedMemory::Posting& mine,
+                                              Deadline deadline) {
+  const SharedPosting& shared = *peers_[peer]->segment.posting(rank_, pairEpoch);
   // A peer that sends this collective's messages instead of posting runs another algorithm:
   // look at the header of what it sent, held or still in the ring.
   auto checkMessages = [&] {
@@ -819,10 +886,13 @@ ShmTransport::Posting ShmTransport::waitPosted(int peer, const Posting& mine, De
                       CallMismatch{peer, mine.tag, mine.call, *theirs});
     }
   };
-  waitUntil([&] { return shared.epoch.load(std::memory_order_acquire) >= epoch; }, deadline,
-            [&] { return "rank " + std::to_string(peer) + " to join shared-memory collective #" + std::to_string(epoch); },
+  waitUntil([&] { return shared.epoch.load(std::memory_order_acquire) >= pairEpoch; }, deadline,
+            [&] {
+              return "rank " + std::to_string(peer) + " to join shared-memory collective #" + std::to_string(pairEpoch) +
+                     " of the two";
+            },
             checkMessages);
-  return Posting{epoch, shared.address, shared.nbytes, shared.tag, shared.call};
+  return SharedMemory::Posting{shared.ownEpoch, shared.address, shared.nbytes, shared.tag, shared.call};
 }
 
 void ShmTransport::readPeer(int peer, uint64_t address, void* dst, size_t nbytes) {
@@ -838,18 +908,30 @@ void ShmTransport::writePeer(int peer, uint64_t address, const void* src, size_t
 }
 
 void ShmTransport::signalDelivered(int peer) {
-  peers_[peer]->segment.control()->delivered.fetch_add(1, std::memory_order_release);
+  peers_[peer]->segment.deliveries(rank_)->count.fetch_add(1, std::memory_order_release);
   ring(peer);
 }
 
-void ShmTransport::waitDeliveries(uint64_t count, Deadline deadline) {
-  deliveriesAwaited_ += count;
-  const uint64_t total = deliveriesAwaited_;
-  std::atomic<uint64_t>& delivered = self_->control()->delivered;
-  waitUntil(
-      [&] { return delivered.load(std::memory_order_acquire) >= total; }, deadline,
-      [&] { return std::to_string(total - delivered.load()) + " more slice(s) from peers in a shared-memory collective"; },
-      nullptr);
+void ShmTransport::waitDeliveries(const std::vector<int>& peers, Deadline deadline) {
+  // A peer delivers for a later collective only after this rank has posted in it, which it does
+  // after this wait: the counts never run ahead of what this rank waits for.
+  for (int peer : peers) {
+    ++deliveriesAwaited_[peer];
+  }
+  const auto behind = [&](int peer) {
+    return self_->deliveries(peer)->count.load(std::memory_order_acquire) < deliveriesAwaited_[peer];
+  };
+  waitUntil([&] { return std::none_of(peers.begin(), peers.end(), behind); }, deadline,
+            [&] {
+              std::string who;
+              for (int peer : peers) {
+                if (behind(peer)) {
+                  who += (who.empty() ? "rank " : ", ") + std::to_string(peer);
+                }
+              }
+              return who + " to finish with this rank's buffer in a shared-memory collective";
+            },
+            nullptr);
 }
 
 } // namespace torus

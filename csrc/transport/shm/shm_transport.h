@@ -2,9 +2,10 @@
 // with a single copy between the two processes' own buffers.
 //
 // Each rank creates one segment (a memfd, so it never has a name in /dev/shm) holding its
-// control block, the one-shot slots, and one inbound ring per peer. Peers open it through
-// /proc/<pid>/fd/<fd> while the creator still holds the fd, map it, and then nobody holds a
-// name for it: when the last process that maps it exits — even by SIGKILL — the kernel frees it.
+// control block, posting cells and delivery counts per peer, the one-shot slots, and one inbound
+// ring per peer. Peers open it through /proc/<pid>/fd/<fd> while the creator still holds the fd,
+// map it, and then nobody holds a name for it: when the last process that maps it exits — even
+// by SIGKILL — the kernel frees it.
 //
 // Point-to-point (the Transport interface): a message is a 64-byte header in the receiver's ring
 // for the sender, then, for small messages, the payload. A message above kSingleCopyBytes, when
@@ -13,9 +14,16 @@
 // sends an acknowledgement back, which completes the send. Otherwise the payload streams through
 // the ring, so staging is the ring's size however large the message.
 //
-// Collective support (one_shot and two_shot allreduce): every rank posts {epoch, address, bytes,
-// signature} in its control block; peers read one-shot slots directly and, with CMA, each other's
-// buffers. Epochs count shm collectives in issue order, which is the same on every rank.
+// Collective support (SharedMemory, for a Comm over ranks this transport connects: the whole
+// group, or a torus row on this host): a rank posts {address, bytes, signature} to each peer of a
+// collective in a cell of its segment kept for that peer; peers read one-shot slots directly
+// and, with CMA, each other's buffers. Epochs count, per pair of ranks, the shm collectives the
+// two run together, so that Comms of one host (two torus rows, rows and then a column, the whole
+// group) interleave freely: any two ranks run the collectives they share in the same order,
+// because each rank runs the group's collectives in issue order (the same on every rank) and
+// the phases of one in program order, and two ranks share at most one line of a torus (a row
+// peer is never a column peer), so the row and column threads of a torus never count with the
+// same peer. Delivery counts are per pair too.
 //
 // Waiting: spin for a few tens of microseconds yielding the core, then sleep on a futex in the
 // waiter's control block ("doorbell"); whoever writes what a rank may wait for bumps that
@@ -33,8 +41,9 @@
 #include <string>
 #include <vector>
 
-#include "transport/rendezvous.h"
 #include "transport/polled_transport.h"
+#include "transport/rendezvous.h"
+#include "transport/shared_memory.h"
 
 namespace torus {
 
@@ -44,8 +53,8 @@ class ShmTransport : public PolledTransport {
   static constexpr size_t kSingleCopyBytes = 64 * 1024;
   // Inbound ring per peer.
   static constexpr size_t kRingBytes = 512 * 1024;
-  // Each one-shot slot (there are two, used by alternate epochs).
-  static constexpr size_t kSlotBytes = 512 * 1024;
+  // The one-shot slot size, under the name the backend knows.
+  static constexpr size_t kSlotBytes = SharedMemory::kSlotBytes;
 
   // Ranks are the group's; `members` are the ranks this transport connects (this host's), every
   // rank when empty. Setup is bounded by the rendezvous store's own timeout.
@@ -63,46 +72,14 @@ class ShmTransport : public PolledTransport {
   RequestPtr irecv(int peer, uint64_t tag, const CallSignature& call, void* buf, size_t nbytes) override;
   void abort(const std::string& why) override;
   std::optional<StrayMessage> strayMessage(uint64_t upToTag) override;
+  std::shared_ptr<SharedMemory> sharedMemory(const std::vector<int>& members,
+                                             std::shared_ptr<TrafficCounters> traffic) override;
 
-  // ---- Collective support: for the worker thread that runs the group's collectives. ----
-
-  // True when this rank can read and write every peer's memory (process_vm_readv/writev) and
-  // every peer can read this rank's: the condition for two_shot.
+  // True when this rank can read and write every connected peer's memory (process_vm_readv/
+  // writev) and every such peer can read this rank's: the same on every rank it connects.
   bool singleCopy() const {
     return singleCopy_;
   }
-  // True when this transport connects every rank of the group (what postings need).
-  bool spansGroup() const {
-    return spansGroup_;
-  }
-
-  // What a rank announces for one shm collective; peers check that their calls agree.
-  struct Posting {
-    uint64_t epoch = 0;
-    uint64_t address = 0;
-    uint64_t nbytes = 0;
-    uint64_t tag = 0; // the collective's sequence number, as its messages carry it
-    CallSignature call;
-  };
-  // The next epoch: call once per shm collective, on every rank in the same order.
-  uint64_t beginCollective() {
-    return ++epoch_;
-  }
-  // This rank's one-shot slot for `epoch` (kSlotBytes), and a peer's.
-  char* slot(int rank, uint64_t epoch) const;
-  // Announces this rank's posting and wakes peers.
-  void post(const Posting& posting);
-  // Waits until `peer` has posted mine.epoch and returns its posting; throws CommError on
-  // timeout, abort, the peer's death, or when the peer sends messages of mine.tag with a
-  // different call instead (it runs another algorithm or collective).
-  Posting waitPosted(int peer, const Posting& mine, Deadline deadline);
-  // Copies between this process and a peer's memory (single copy through the kernel).
-  void readPeer(int peer, uint64_t address, void* dst, size_t nbytes);
-  void writePeer(int peer, uint64_t address, const void* src, size_t nbytes);
-  // Counts one delivery into `peer` (a slice written into its buffer) and wakes it.
-  void signalDelivered(int peer);
-  // Waits for `count` more deliveries into this rank than earlier calls waited for.
-  void waitDeliveries(uint64_t count, Deadline deadline);
 
   struct Op;
   struct Peer;
@@ -138,14 +115,38 @@ class ShmTransport : public PolledTransport {
   void probeWaits();
   void ring(int peer);
 
+  // ---- Collective support, in transport ranks, for Members (the SharedMemory of a Comm). ----
+  class Members;
+  bool connects(int rank) const;
+  // The next shm collective this rank runs with `peer`, counted from 1.
+  uint64_t nextEpochWith(int peer);
+  // The next of all this rank's shm collectives, counted from 1: chooses its slot.
+  uint64_t nextOwnEpoch();
+  char* claimSlot(uint64_t ownEpoch, int readers, Deadline deadline);
+  const char* slot(int rank, uint64_t ownEpoch) const;
+  void releaseSlot(int rank, uint64_t ownEpoch);
+  // Writes `posting` into the cell this rank keeps for `peer`, as their collective `pairEpoch`.
+  void post(int peer, uint64_t pairEpoch, const SharedMemory::Posting& posting);
+  SharedMemory::Posting waitPosted(int peer, uint64_t pairEpoch, const SharedMemory::Posting& mine,
+                                   Deadline deadline);
+  void readPeer(int peer, uint64_t address, void* dst, size_t nbytes);
+  void writePeer(int peer, uint64_t address, const void* src, size_t nbytes);
+  void signalDelivered(int peer);
+  // Waits for one more delivery from each of `peers` than earlier calls waited for.
+  void waitDeliveries(const std::vector<int>& peers, Deadline deadline);
+
   const int rank_;
   const int size_;
   std::unique_ptr<Segment> self_;
   std::vector<std::unique_ptr<Peer>> peers_; // indexed by rank; null for self
   bool singleCopy_ = false;
-  bool spansGroup_ = true;
-  uint64_t epoch_ = 0;
-  uint64_t deliveriesAwaited_ = 0;
+  // Indexed by rank, each entry touched only by the thread that runs collectives with that peer.
+  std::vector<uint64_t> epochsWith_;
+  std::vector<uint64_t> deliveriesAwaited_;
+  std::atomic<uint64_t> ownEpoch_{0};
+  // Releases each slot is owed by the peers that read it, ever; claims are serialized.
+  std::mutex slotMutex_;
+  uint64_t slotReadsOwed_[2] = {0, 0};
 
   std::atomic<bool> aborted_{false};
   std::string abortReason_;
