@@ -51,13 +51,13 @@ def main() -> None:
             runs[build].append(bench_run(tree, args.nproc, args.bench_args, args.out / f"{build}_{index + 1}.json"))
     print("| size | old torus µs | new torus µs | new/old | old spread | new spread | gloo new/old |")
     print("|---|---|---|---|---|---|---|")
-    for size in sorted(times(runs["old"][0], "torus")):
+    for size in sorted(times(runs["old"][0], backend="torus")):
         medians, spreads = {}, {}
         for build in ("old", "new"):
-            values = [times(r, "torus")[size] for r in runs[build]]
+            values = [times(r, backend="torus")[size] for r in runs[build]]
             medians[build] = statistics.median(values)
             spreads[build] = max(values) / min(values)
-        gloo = {b: statistics.median(times(r, "gloo")[size] for r in runs[b]) for b in ("old", "new")}
+        gloo = {b: statistics.median(times(r, backend="gloo")[size] for r in runs[b]) for b in ("old", "new")}
         print(f"| {size} | {medians['old']:.1f} | {medians['new']:.1f} | {medians['new'] / medians['old']:.2f} | "
               f"{spreads['old']:.2f} | {spreads['new']:.2f} | {gloo['new'] / gloo['old']:.2f} |")
 
