@@ -1,9 +1,7 @@
 // 2D-torus allreduce (Mikami et al. 2018), n = r x c ranks, S bytes: reduce-scatter along the
 // rows, allreduce of each rank's 1/c shard along the columns with an inner algorithm, allgather
 // along the rows, each phase a call on a row or column Comm (ring_reduce_scatter, inner,
-// ring_allgather). A row whose ranks share memory with single-copy access (a row on one host)
-// runs single_copy_reduce_scatter and single_copy_allgather instead: 2 synchronizations per
-// phase instead of c-1 steps of messages, the same bytes copied.
+// ring_allgather).
 //
 // Steps: 2(c-1) + 2(r-1) with the ring as inner (2(c-1) + the inner's steps on r ranks
 // otherwise), against the ring's 2(n-1): at 32 x 32, 124 against 2046.
@@ -20,6 +18,16 @@
 // together. Row and column Comms share the tag; a row peer is never a column peer, so their
 // messages never mix. With a single segment, or a grid with one row or one column (nothing to
 // overlap), everything runs on the calling thread.
+//
+// Rows on shared memory: a row whose ranks share memory with single-copy access (a row on one
+// host) runs its phases as two_shot does, by single copies under one posting per segment:
+// single_copy_reduce_scatter's reduction, the column phase, single_copy_allgather's transfer,
+// then one delivery to every row peer. 2 synchronizations per segment in all, against 2(c-1)
+// message steps (and 4 for the two algorithms called one after the other), the same bytes
+// copied. Safe without more: a rank reads and writes only its own block of its row peers'
+// buffers, its column phase touches only its own block of its own buffer, which no row peer
+// reads or writes, and a peer's delivery comes after its last read and write of this rank's
+// buffer. Measured against message rows in BENCHMARKS.md.
 #include "collectives/torus_allreduce.h"
 
 #include <algorithm>
@@ -34,6 +42,7 @@
 #include "collectives/blocks.h"
 #include "collectives/ring_allgather.h"
 #include "collectives/ring_reduce_scatter.h"
+#include "collectives/shm_posting.h"
 #include "collectives/single_copy_allgather.h"
 #include "collectives/single_copy_reduce_scatter.h"
 
@@ -173,14 +182,23 @@ void torus_allreduce(Comm& comm, void* buf, size_t count, const Reducer& reducer
   const auto segmentData = [&](size_t segment) {
     return bytes + segment * segmentElements * elementSize;
   };
+  const auto segmentCount = [&](size_t segment) {
+    return std::min(segmentElements, count - segment * segmentElements);
+  };
   const auto segmentBlocks = [&](size_t segment) {
-    return evenBlocks(std::min(segmentElements, count - segment * segmentElements), row.size());
+    return evenBlocks(segmentCount(segment), row.size());
   };
   // The same on every rank of the row, as Comm::sharedMemory() is.
-  const bool singleCopyRow = row.sharedMemory() != nullptr && row.sharedMemory()->singleCopy();
+  SharedMemory* rowMemory =
+      row.sharedMemory() != nullptr && row.sharedMemory()->singleCopy() ? row.sharedMemory() : nullptr;
+  // Each segment's row postings, from its reduce-scatter to its allgather.
+  std::vector<std::vector<SharedMemory::Posting>> rowPostings(rowMemory != nullptr ? segments : 0);
   const auto reduceScatterRow = [&](size_t segment) {
-    if (singleCopyRow) {
-      single_copy_reduce_scatter(row, segmentData(segment), segmentBlocks(segment), reducer, scratch);
+    if (rowMemory != nullptr) {
+      rowPostings[segment] = postAndGather(row, *rowMemory, rowMemory->beginCollective(), segmentData(segment),
+                                           segmentCount(segment) * elementSize);
+      reduceOwnBlockFromPeers(row, *rowMemory, rowPostings[segment], segmentData(segment), segmentBlocks(segment),
+                              reducer, scratch, nullptr);
     } else {
       ring_reduce_scatter(row, segmentData(segment), segmentBlocks(segment), reducer, chunking,
                           scratch);
@@ -192,8 +210,11 @@ void torus_allreduce(Comm& comm, void* buf, size_t count, const Reducer& reducer
           blocks.counts[row.rank()], reducer, chunking, columnScratch);
   };
   const auto allgatherRow = [&](size_t segment) {
-    if (singleCopyRow) {
-      single_copy_allgather(row, segmentData(segment), segmentBlocks(segment), elementSize);
+    if (rowMemory != nullptr) {
+      const Blocks blocks = segmentBlocks(segment);
+      writeToPeers(row, *rowMemory, rowPostings[segment], segmentData(segment),
+                   Chunk{blocks.offsets[row.rank()], blocks.counts[row.rank()]}, elementSize);
+      finishWithPeers(row, *rowMemory);
     } else {
       ring_allgather(row, segmentData(segment), segmentBlocks(segment), elementSize, chunking);
     }
