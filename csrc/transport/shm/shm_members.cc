@@ -2,6 +2,8 @@
 // the whole group, or a torus row on this host), numbered as the Comm numbers them. It turns
 // those numbers into transport ranks and keeps the pair epochs of the collective in progress.
 #include <algorithm>
+#include <memory>
+#include <vector>
 
 #include "transport/shm/shm_transport.h"
 #include "transport/traffic_counters.h"
