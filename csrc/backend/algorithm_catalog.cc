@@ -69,6 +69,11 @@ const CatalogEntry& catalogEntry(const std::string& collective, const std::strin
 }
 
 const CatalogEntry& catalogEntry(const std::string& collective, Algorithm algorithm) {
+  for (const auto& entry : algorithmCatalog()) {
+    if (entry.collective == collective && entry.algorithm == algorithm) {
+      return entry;
+    }
+  }
   return catalogEntry(collective, std::string(algorithmName(algorithm)));
 }
 

@@ -46,12 +46,15 @@ std::string torusInnerNames() {
 AlgorithmDispatch::AlgorithmDispatch(const TorusConfig& config, int size) {
   TORUS_CHECK_ARG(config.chunkBytes > 0, "chunk size must be positive, got ", config.chunkBytes);
   chunking_.chunkBytes = static_cast<size_t>(config.chunkBytes);
+  for (const auto& entry : algorithmCatalog()) {
+    selection_.emplace(entry.collective, Selection{{}, defaultEntry(entry.collective).algorithm});
+  }
   for (const auto& [collective, rules] : config.algorithms) {
-    defaultEntry(collective);
+    Selection& selection = selection_.at(defaultEntry(collective).collective);
     for (const auto& rule : rules) {
       TORUS_CHECK_ARG(rule.lo <= rule.hi, collective, " rule ", rule.algorithm, ":", rule.lo, "-", rule.hi,
                       " is reversed");
-      selection_[collective].push_back({rule.lo, rule.hi, catalogEntry(collective, rule.algorithm).algorithm});
+      selection.rules.push_back({rule.lo, rule.hi, &catalogEntry(collective, rule.algorithm)});
     }
   }
   if (!config.torusRows.empty()) {
@@ -75,25 +78,25 @@ void AlgorithmDispatch::setSharedMemory(bool available, bool singleCopy) {
 }
 
 Algorithm AlgorithmDispatch::algorithmFor(const std::string& collective, uint64_t nbytes) const {
-  const CatalogEntry& fallback = defaultEntry(collective);
-  auto rules = selection_.find(collective);
-  if (rules != selection_.end()) {
-    for (const auto& rule : rules->second) {
-      if (nbytes >= rule.lo && nbytes <= rule.hi) {
-        return usable(collective, rule.algorithm, nbytes);
-      }
+  auto selection = selection_.find(collective);
+  if (selection == selection_.end()) {
+    return defaultEntry(collective).algorithm; // raises naming the known collectives
+  }
+  for (const auto& rule : selection->second.rules) {
+    if (nbytes >= rule.lo && nbytes <= rule.hi) {
+      return usable(*rule.entry, nbytes);
     }
   }
-  return fallback.algorithm;
+  return selection->second.fallback;
 }
 
-Algorithm AlgorithmDispatch::usable(const std::string& collective, Algorithm algorithm, uint64_t nbytes) const {
-  for (const Requirement& requirement : catalogEntry(collective, algorithm).needs) {
+Algorithm AlgorithmDispatch::usable(const CatalogEntry& entry, uint64_t nbytes) const {
+  for (const Requirement& requirement : entry.needs) {
     if (!has(requirement.need, nbytes)) {
-      return usable(collective, requirement.instead, nbytes);
+      return usable(catalogEntry(entry.collective, requirement.instead), nbytes);
     }
   }
-  return algorithm;
+  return entry.algorithm;
 }
 
 bool AlgorithmDispatch::has(Need need, uint64_t nbytes) const {

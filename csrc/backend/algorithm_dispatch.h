@@ -30,8 +30,9 @@ class AlgorithmDispatch {
   // allreduce and broadcast its tensor, allgather its output, reduce_scatter its input — as
   // nccl-tests count), after usable().
   Algorithm algorithmFor(const std::string& collective, uint64_t nbytes) const;
-  // `algorithm`, or what the catalog runs in its place where this group lacks one of its needs.
-  Algorithm usable(const std::string& collective, Algorithm algorithm, uint64_t nbytes) const;
+  // `entry`'s algorithm, or what the catalog runs in its place where this group lacks one of its
+  // needs.
+  Algorithm usable(const CatalogEntry& entry, uint64_t nbytes) const;
 
   void allreduce(Algorithm algorithm, Comm& comm, void* buf, size_t count, const Reducer& reducer);
   void allgather(Algorithm algorithm, Comm& comm, void* buf, const Blocks& blocks, size_t elementSize);
@@ -45,9 +46,15 @@ class AlgorithmDispatch {
   struct SelectionRule {
     uint64_t lo;
     uint64_t hi;
-    Algorithm algorithm;
+    const CatalogEntry* entry;
   };
-  std::map<std::string, std::vector<SelectionRule>> selection_;
+  // Per collective of the catalog, resolved once so that a call costs one lookup: its rules,
+  // and what runs where none covers the size.
+  struct Selection {
+    std::vector<SelectionRule> rules;
+    Algorithm fallback;
+  };
+  std::map<std::string, Selection> selection_;
   TorusGrid grid_;
   AllreduceFn torusInner_ = nullptr;
   bool sharedMemory_ = false;
