@@ -3,8 +3,8 @@
 Install with ``pip install --no-build-isolation .``: an isolated build environment would pull
 an unpinned (CUDA) torch instead of the one the extension must link against.
 
-The CUDA kernels (csrc/**/*.cu) are compiled in when torch has CUDA and a CUDA toolkit is
-found; otherwise the extension is built CPU-only from the same C++ sources.
+The CUDA path (csrc/**/*.cu and the C++ under csrc/**/cuda/) is compiled in when torch has CUDA
+and a CUDA toolkit is found; otherwise the extension is built CPU-only from the other sources.
 TORUS_BUILD_CUDA=0 forces the CPU-only build (e.g. a toolkit whose major version differs from
 torch's, which torch's build refuses), TORUS_BUILD_CUDA=1 makes a missing CUDA an error.
 """
@@ -55,12 +55,14 @@ def build_cuda():
     return True
 
 
-cpp_sources = sources_matching("csrc/*.cpp", "csrc/**/*.cc")
+# Sources under a cuda/ directory use the CUDA runtime (and c10's CUDA side): CUDA builds only.
+cuda_sources = sources_matching("csrc/**/cuda/*.cc", "csrc/**/*.cu")
+cpp_sources = [path for path in sources_matching("csrc/*.cpp", "csrc/**/*.cc") if path not in cuda_sources]
 include_dirs = [os.path.join(ROOT, "csrc")]
 if build_cuda():
     extension = CUDAExtension(
         name="torch_torus._C",
-        sources=cpp_sources + sources_matching("csrc/**/*.cu"),
+        sources=cpp_sources + cuda_sources,
         include_dirs=include_dirs,
         define_macros=[("TORUS_WITH_CUDA", "1")],
         # No --use_fast_math: AVG divides exactly, as the CPU path does.

@@ -13,6 +13,7 @@
 #include "collectives/allreduce.h"
 #include "collectives/blocks.h"
 #include "comm/comm.h"
+#include "comm/device_path.h"
 #include "reduce/reduce.h"
 
 namespace torus {
@@ -39,6 +40,16 @@ class AlgorithmDispatch {
   void reduceScatter(Algorithm algorithm, Comm& comm, void* buf, const Blocks& blocks, const Reducer& reducer);
   void broadcast(Algorithm algorithm, Comm& comm, void* buf, size_t nbytes, int root);
   void reduce(Comm& comm, void* buf, size_t count, const Reducer& reducer, int root);
+
+  // The device forms (collectives/device/), on device memory through `path`: each runs by its
+  // Comm's device route (arenas on one host, else staged through pinned host memory). Allreduce
+  // keeps the torus grid when `algorithm` is torus; every other host algorithm maps to the flat
+  // device form. Each returns the route it took, for the debug log ("cuda_ipc", "staged", "torus
+  // (rows cuda_ipc, columns staged)").
+  std::string deviceAllreduce(Algorithm algorithm, Comm& comm, DevicePath& path, const DeviceReduction& op, void* buf,
+                       size_t count);
+  std::string deviceAllgather(Comm& comm, DevicePath& path, void* buf, const Blocks& blocks, size_t elementSize);
+  std::string deviceReduceScatter(Comm& comm, DevicePath& path, const DeviceReduction& op, void* buf, const Blocks& blocks);
 
  private:
   bool has(Need need, uint64_t nbytes) const;

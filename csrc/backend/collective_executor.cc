@@ -32,7 +32,8 @@ uint64_t CollectiveExecutor::issued() {
 c10::intrusive_ptr<c10d::Work> CollectiveExecutor::enqueue(const CallDescription& call,
                                                            std::vector<at::Tensor> outputs,
                                                            std::vector<at::Tensor> inputs,
-                                                           std::chrono::milliseconds timeout, Body body) {
+                                                           std::chrono::milliseconds timeout, Body body,
+                                                           std::shared_ptr<DeviceCall> device) {
   const char* title = call.title();
   std::unique_lock<std::mutex> lock(mutex_);
   TORUS_CHECK(!stopping_, title, " called on a process group that has been shut down or aborted");
@@ -40,8 +41,8 @@ c10::intrusive_ptr<c10d::Work> CollectiveExecutor::enqueue(const CallDescription
   std::ostringstream context;
   context << title << " #" << seq << " (rank " << rank_ << " of " << size_ << ", group '" << groupName_ << "')";
   auto work = c10::make_intrusive<TorusWork>(rank_, call.type, title, std::move(outputs), seq, std::move(inputs),
-                                            context.str(), arrivals_);
-  queue_.push_back(Job{work, context.str(), timeout, call.signature(), std::move(body)});
+                                            context.str(), arrivals_, device);
+  queue_.push_back(Job{work, context.str(), timeout, call.signature(), std::move(body), std::move(device)});
   lock.unlock();
   queueChanged_.notify_one();
   return work;
@@ -68,17 +69,24 @@ void CollectiveExecutor::runWorker() {
       queue_.pop_front();
     }
     std::exception_ptr error;
+    // A device call's stream stays current until the work is completed, so that its CUDA-aware
+    // future records its events there.
+    std::shared_ptr<void> deviceScope;
     try {
       failure_->throwIfFailed(job.context);
+      if (job.device) {
+        deviceScope = job.device->enter();
+      }
       error = run(job);
     } catch (...) {
-      error = std::current_exception();
+      error = asTorchError(std::current_exception(), job.context);
     }
     if (error) {
       job.work->fail(error);
     } else {
       job.work->complete();
     }
+    deviceScope.reset();
   }
 }
 
@@ -94,12 +102,15 @@ std::exception_ptr CollectiveExecutor::run(Job& job) {
     comm_.setDeadline(Clock::now() + job.timeout);
     recentCalls_[seq % recentCalls_.size()] = {seq, job.call};
     arrivals_->entered(seq, job.timeout);
-    job.body(comm_);
+    job.body(comm_, job.device.get());
     if (auto stray = transport_->strayMessage(seq)) {
       const auto& [callSeq, call] = recentCalls_[stray->tag % recentCalls_.size()];
       throw CommError(CommError::Kind::kMismatch, "stray message",
                       CallMismatch{stray->peer, stray->tag, callSeq == stray->tag ? call : CallSignature{},
                                    stray->call});
+    }
+    if (job.device) {
+      job.device->recordDone();
     }
   } catch (const CommError& e) {
     const std::string what = explain(e, seq);

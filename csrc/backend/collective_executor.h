@@ -18,6 +18,7 @@
 
 #include "backend/arrival_board.h"
 #include "backend/call_description.h"
+#include "backend/device_support.h"
 #include "backend/torus_work.h"
 #include "comm/comm.h"
 
@@ -25,7 +26,9 @@ namespace torus {
 
 class CollectiveExecutor {
  public:
-  using Body = std::function<void(Comm&)>;
+  // The job: runs on the worker with the group's Comm, and the call's device side (null for CPU
+  // tensors) whose stream is current meanwhile.
+  using Body = std::function<void(Comm&, DeviceCall*)>;
 
   // Runs jobs on `comm`, whose transport it aborts when a job fails.
   CollectiveExecutor(int rank, int size, std::string groupName, int logLevel, std::shared_ptr<Transport> transport,
@@ -33,9 +36,10 @@ class CollectiveExecutor {
   ~CollectiveExecutor();
 
   // Queues `body`; the returned work completes with `outputs`. Every message of the call carries
-  // its signature, which every rank must agree on.
+  // its signature, which every rank must agree on. `device`: the call's device side, or null.
   c10::intrusive_ptr<c10d::Work> enqueue(const CallDescription& call, std::vector<at::Tensor> outputs,
-                                         std::vector<at::Tensor> inputs, std::chrono::milliseconds timeout, Body body);
+                                         std::vector<at::Tensor> inputs, std::chrono::milliseconds timeout, Body body,
+                                         std::shared_ptr<DeviceCall> device);
   // The sequence number of the last collective issued.
   uint64_t issued();
   // Ends the worker once the queue is empty; with abortPending, fails queued jobs first.
@@ -48,6 +52,7 @@ class CollectiveExecutor {
     std::chrono::milliseconds timeout;
     CallSignature call;
     Body body;
+    std::shared_ptr<DeviceCall> device;
   };
   void runWorker();
   // Runs one job; the error for its work, or null when it succeeded.

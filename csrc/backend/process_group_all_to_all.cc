@@ -1,4 +1,5 @@
 // The all-to-all entry points: all_to_all_single (even or given splits) and all_to_all (lists).
+#include "backend/host_staging.h"
 #include "backend/process_group_torus.h"
 #include "backend/tensor_checks.h"
 #include "backend/tensor_staging.h"
@@ -68,15 +69,21 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupTorus::alltoall_base(at::Tensor& outp
                   " in its output (output_split_sizes[", rank_, "])");
   // Totals may differ by rank (split sizes); each message's size is checked on arrival.
   const CallDescription call{c10d::OpType::ALLTOALL_BASE, input.scalar_type()};
-  return submit(call, {output}, {input}, opts.timeout, [output, input, sent, received](Comm& comm) mutable {
-    at::Tensor in = contiguousBuffer(input);
-    at::Tensor out = contiguousBuffer(output);
+  auto staging = std::make_shared<HostStaging>();
+  at::Tensor hostInput = staging->input(input);
+  at::Tensor hostOutput = staging->output(output);
+  return submit(call, {output}, {input}, opts.timeout,
+                [staging, hostOutput, hostInput, sent, received](Comm& comm, DeviceCall* device) mutable {
+    staging->copyIn(device, comm.deadline());
+    at::Tensor in = contiguousBuffer(hostInput);
+    at::Tensor out = contiguousBuffer(hostOutput);
     if (in.numel() > 0 && in.data_ptr() == out.data_ptr()) {
       in = in.clone();
     }
     alltoallv_pairwise(comm, in.data_ptr(), sent.offsets, sent.lengths, out.data_ptr(), received.offsets,
                        received.lengths);
-    writeBack(output, out);
+    writeBack(hostOutput, out);
+    staging->copyOut(device);
   });
 }
 
@@ -101,15 +108,21 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupTorus::alltoall(std::vector<at::Tenso
                   sent.lengths[rank_], " bytes but output_tensor_list[", rank_, "] has ", received.lengths[rank_],
                   " (this rank's own block is copied, so they must match)");
   const CallDescription call{c10d::OpType::ALLTOALL, inputs[0].scalar_type()};
-  return submit(call, outputs, inputs, opts.timeout, [outputs, inputs, sent, received](Comm& comm) mutable {
-    at::Tensor packed = packBytes(inputs);
+  auto staging = std::make_shared<HostStaging>();
+  std::vector<at::Tensor> hostInputs = staging->inputs(inputs);
+  std::vector<at::Tensor> hostOutputs = staging->outputs(outputs);
+  return submit(call, outputs, inputs, opts.timeout,
+                [staging, hostOutputs, hostInputs, sent, received](Comm& comm, DeviceCall* device) mutable {
+    staging->copyIn(device, comm.deadline());
+    at::Tensor packed = packBytes(hostInputs);
     at::Tensor buffer = at::empty({static_cast<int64_t>(received.total)}, at::kByte);
     alltoallv_pairwise(comm, packed.data_ptr(), sent.offsets, sent.lengths, buffer.data_ptr(), received.offsets,
                        received.lengths);
-    for (size_t i = 0; i < outputs.size(); ++i) {
-      unpackBytes(outputs[i], buffer.narrow(0, static_cast<int64_t>(received.offsets[i]),
-                                            static_cast<int64_t>(received.lengths[i])));
+    for (size_t i = 0; i < hostOutputs.size(); ++i) {
+      unpackBytes(hostOutputs[i], buffer.narrow(0, static_cast<int64_t>(received.offsets[i]),
+                                                static_cast<int64_t>(received.lengths[i])));
     }
+    staging->copyOut(device);
   });
 }
 

@@ -1,4 +1,5 @@
 // The entry points that spread one rank's data, or none: broadcast, scatter and barrier.
+#include "backend/host_staging.h"
 #include "backend/process_group_torus.h"
 #include "backend/tensor_checks.h"
 #include "backend/tensor_staging.h"
@@ -17,11 +18,16 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupTorus::broadcast(std::vector<at::Tens
   const Algorithm algorithm = dispatch_.algorithmFor("broadcast", bytesOf(tensor));
   const CallDescription call{c10d::OpType::BROADCAST, tensor.scalar_type(), bytesOf(tensor), std::nullopt, root,
                              algorithm};
-  return submit(call, {tensor}, {tensor}, opts.timeout, [this, tensor, root, algorithm](Comm& comm) mutable {
-    at::Tensor buffer = contiguousBuffer(tensor);
-    dispatch_.broadcast(algorithm, comm, buffer.data_ptr(), bytesOf(buffer), root);
-    writeBack(tensor, buffer);
-  });
+  auto staging = std::make_shared<HostStaging>();
+  at::Tensor host = staging->inputOutput(tensor);
+  return submit(call, {tensor}, {tensor}, opts.timeout,
+                [this, staging, host, root, algorithm](Comm& comm, DeviceCall* device) mutable {
+                  staging->copyIn(device, comm.deadline());
+                  at::Tensor buffer = contiguousBuffer(host);
+                  dispatch_.broadcast(algorithm, comm, buffer.data_ptr(), bytesOf(buffer), root);
+                  writeBack(host, buffer);
+                  staging->copyOut(device);
+                });
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupTorus::scatter(std::vector<at::Tensor>& outputs,
@@ -35,17 +41,24 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupTorus::scatter(std::vector<at::Tensor
   std::vector<at::Tensor> inputList = checkRootList(
       inputs, {"scatter", "scatter_list", "input list", "src", "the output tensor", false}, rank_, root, size_, output);
   const CallDescription call{c10d::OpType::SCATTER, output.scalar_type(), bytesOf(output), std::nullopt, root};
-  return submit(call, {output}, inputList, opts.timeout, [output, inputList, root](Comm& comm) mutable {
-    at::Tensor packed = comm.rank() == root ? packBytes(inputList) : at::Tensor();
-    at::Tensor buffer = contiguousBuffer(output);
-    scatter_direct(comm, packed.defined() ? packed.data_ptr() : nullptr, buffer.data_ptr(), bytesOf(buffer), root);
-    writeBack(output, buffer);
-  });
+  auto staging = std::make_shared<HostStaging>();
+  at::Tensor hostOutput = staging->output(output);
+  std::vector<at::Tensor> hostInputs = staging->inputs(inputList);
+  return submit(call, {output}, inputList, opts.timeout,
+                [staging, hostOutput, hostInputs, root](Comm& comm, DeviceCall* device) mutable {
+                  staging->copyIn(device, comm.deadline());
+                  at::Tensor packed = comm.rank() == root ? packBytes(hostInputs) : at::Tensor();
+                  at::Tensor buffer = contiguousBuffer(hostOutput);
+                  scatter_direct(comm, packed.defined() ? packed.data_ptr() : nullptr, buffer.data_ptr(),
+                                 bytesOf(buffer), root);
+                  writeBack(hostOutput, buffer);
+                  staging->copyOut(device);
+                });
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupTorus::barrier(const c10d::BarrierOptions& opts) {
   return submit(CallDescription{c10d::OpType::BARRIER}, {}, {}, opts.timeout,
-                [](Comm& comm) { barrier_dissemination(comm); });
+                [](Comm& comm, DeviceCall*) { barrier_dissemination(comm); });
 }
 
 } // namespace torus

@@ -1,5 +1,6 @@
 // The gathering entry points: all_gather (list, into tensor, coalesced, into tensor coalesced)
 // and gather.
+#include "backend/host_staging.h"
 #include "backend/process_group_torus.h"
 #include "backend/tensor_checks.h"
 #include "backend/tensor_staging.h"
@@ -22,12 +23,11 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupTorus::allgather(std::vector<std::vec
   const Algorithm algorithm = dispatch_.algorithmFor("allgather", bytesOf(input) * size_);
   const CallDescription call{c10d::OpType::ALLGATHER, input.scalar_type(), bytesOf(input) * size_, std::nullopt, -1,
                              algorithm};
-  return submit(call, outputList, {input}, opts.timeout, [this, input, outputList, algorithm](Comm& comm) mutable {
+  return submit(call, outputList, {input}, opts.timeout, [this, input, outputList, algorithm](Comm& comm, DeviceCall* device) mutable {
     const auto count = input.numel();
     at::Tensor gathered = at::empty({count * size_}, input.options());
     gathered.narrow(0, count * rank_, count).copy_(input.reshape({-1}));
-    dispatch_.allgather(algorithm, comm, gathered.data_ptr(), equalBlocks(static_cast<size_t>(count), size_),
-                        gathered.element_size());
+    allgatherBuffer(algorithm, comm, device, gathered, equalBlocks(static_cast<size_t>(count), size_));
     for (int i = 0; i < size_; ++i) {
       writeBack(outputList[i], gathered.narrow(0, count * i, count));
     }
@@ -45,12 +45,11 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupTorus::_allgather_base(at::Tensor& ou
   const Algorithm algorithm = dispatch_.algorithmFor("allgather", bytesOf(output));
   const CallDescription call{c10d::OpType::_ALLGATHER_BASE, output.scalar_type(), bytesOf(output), std::nullopt, -1,
                              algorithm};
-  return submit(call, {output}, {input}, opts.timeout, [this, input, output, algorithm](Comm& comm) mutable {
+  return submit(call, {output}, {input}, opts.timeout, [this, input, output, algorithm](Comm& comm, DeviceCall* device) mutable {
     const auto count = input.numel();
     at::Tensor buffer = output.is_contiguous() ? output : at::empty({output.numel()}, output.options());
     buffer.view({-1}).narrow(0, count * rank_, count).copy_(input.reshape({-1}));
-    dispatch_.allgather(algorithm, comm, buffer.data_ptr(), equalBlocks(static_cast<size_t>(count), size_),
-                        buffer.element_size());
+    allgatherBuffer(algorithm, comm, device, buffer, equalBlocks(static_cast<size_t>(count), size_));
     writeBack(output, buffer);
   });
 }
@@ -87,17 +86,26 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupTorus::allgather_coalesced(std::vecto
     }
   }
   const CallDescription call{c10d::OpType::ALLGATHER_COALESCED, at::kByte, totalBytesOf(inputs)};
-  return submit(call, flatOutputs, inputs, opts.timeout, [this, inputs, outputLists](Comm& comm) mutable {
-    at::Tensor gathered = allgatherBytes(comm, packBytes(inputs));
+  auto staging = std::make_shared<HostStaging>();
+  std::vector<at::Tensor> hostInputs = staging->inputs(inputs);
+  std::vector<std::vector<at::Tensor>> hostOutputLists;
+  for (const auto& list : outputLists) {
+    hostOutputLists.push_back(staging->outputs(list));
+  }
+  return submit(call, flatOutputs, inputs, opts.timeout,
+                [this, staging, hostInputs, hostOutputLists](Comm& comm, DeviceCall* device) mutable {
+    staging->copyIn(device, comm.deadline());
+    at::Tensor gathered = allgatherBytes(comm, packBytes(hostInputs));
     const int64_t blockBytes = gathered.numel() / size_;
     for (int i = 0; i < size_; ++i) {
       int64_t offset = blockBytes * i;
-      for (auto& out : outputLists[i]) {
+      for (auto& out : hostOutputLists[i]) {
         auto n = static_cast<int64_t>(bytesOf(out));
         unpackBytes(out, gathered.narrow(0, offset, n));
         offset += n;
       }
     }
+    staging->copyOut(device);
   });
 }
 
@@ -116,19 +124,25 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupTorus::allgather_into_tensor_coalesce
                     ") and world size (", size_, ") x its elements (", inputs[j].numel(), ")");
   }
   const CallDescription call{c10d::OpType::COALESCED, at::kByte, totalBytesOf(inputs)};
-  return submit(call, outputs, inputs, opts.timeout, [this, inputs, outputs](Comm& comm) mutable {
-    at::Tensor gathered = allgatherBytes(comm, packBytes(inputs));
+  auto staging = std::make_shared<HostStaging>();
+  std::vector<at::Tensor> hostInputs = staging->inputs(inputs);
+  std::vector<at::Tensor> hostOutputs = staging->outputs(outputs);
+  return submit(call, outputs, inputs, opts.timeout,
+                [this, staging, hostInputs, hostOutputs](Comm& comm, DeviceCall* device) mutable {
+    staging->copyIn(device, comm.deadline());
+    at::Tensor gathered = allgatherBytes(comm, packBytes(hostInputs));
     const int64_t blockBytes = gathered.numel() / size_;
     int64_t offset = 0;
-    for (size_t j = 0; j < inputs.size(); ++j) {
-      const auto n = static_cast<int64_t>(bytesOf(inputs[j]));
+    for (size_t j = 0; j < hostInputs.size(); ++j) {
+      const auto n = static_cast<int64_t>(bytesOf(hostInputs[j]));
       std::vector<at::Tensor> pieces;
       for (int i = 0; i < size_; ++i) {
         pieces.push_back(gathered.narrow(0, blockBytes * i + offset, n));
       }
-      unpackBytes(outputs[j], at::cat(pieces));
+      unpackBytes(hostOutputs[j], at::cat(pieces));
       offset += n;
     }
+    staging->copyOut(device);
   });
 }
 
@@ -143,8 +157,13 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupTorus::gather(std::vector<std::vector
   std::vector<at::Tensor> outputList = checkRootList(
       outputs, {"gather", "gather_list", "output list", "dst", "the input tensor", true}, rank_, root, size_, input);
   const CallDescription call{c10d::OpType::GATHER, input.scalar_type(), bytesOf(input), std::nullopt, root};
-  return submit(call, outputList, {input}, opts.timeout, [this, input, outputList, root](Comm& comm) mutable {
-    at::Tensor in = contiguousBuffer(input);
+  auto staging = std::make_shared<HostStaging>();
+  at::Tensor hostInput = staging->input(input);
+  std::vector<at::Tensor> hostOutputs = staging->outputs(outputList);
+  return submit(call, outputList, {input}, opts.timeout,
+                [this, staging, hostInput, hostOutputs, root](Comm& comm, DeviceCall* device) mutable {
+    staging->copyIn(device, comm.deadline());
+    at::Tensor in = contiguousBuffer(hostInput);
     const auto nbytes = static_cast<int64_t>(bytesOf(in));
     at::Tensor gathered;
     if (comm.rank() == root) {
@@ -152,9 +171,10 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupTorus::gather(std::vector<std::vector
     }
     gather_direct(comm, in.data_ptr(), static_cast<size_t>(nbytes),
                   root == comm.rank() ? gathered.data_ptr() : nullptr, root);
-    for (int i = 0; i < static_cast<int>(outputList.size()); ++i) {
-      unpackBytes(outputList[i], gathered.narrow(0, nbytes * i, nbytes));
+    for (int i = 0; i < static_cast<int>(hostOutputs.size()); ++i) {
+      unpackBytes(hostOutputs[i], gathered.narrow(0, nbytes * i, nbytes));
     }
+    staging->copyOut(device);
   });
 }
 

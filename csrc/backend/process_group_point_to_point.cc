@@ -29,12 +29,23 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupTorus::postPointToPoint(c10d::OpType 
   const uint64_t wireTag = p2pTag(tag);
   RequestPtr request;
   at::Tensor buffer;
+  if (tensor.is_cuda()) {
+    // Staged through pinned host memory. The copy down waits for the current stream's pending
+    // writes to the tensor; a receive's copy up runs on the waiter's current stream when the work
+    // completes.
+    buffer = at::empty(tensor.sizes(), tensor.options().device(at::kCPU).pinned_memory(true));
+    if (type == c10d::OpType::SEND) {
+      buffer.copy_(tensor);
+    }
+  }
   if (type == c10d::OpType::SEND) {
-    buffer = contiguousBuffer(tensor);
+    buffer = buffer.defined() ? buffer : contiguousBuffer(tensor);
     traffic_->count(peer, bytesOf(buffer));
     request = transport_->isend(peer, wireTag, CallSignature{}, buffer.data_ptr(), bytesOf(buffer));
   } else {
-    buffer = tensor.is_contiguous() ? tensor : at::empty_like(tensor, at::MemoryFormat::Contiguous);
+    if (!buffer.defined()) {
+      buffer = tensor.is_contiguous() ? tensor : at::empty_like(tensor, at::MemoryFormat::Contiguous);
+    }
     request = transport_->irecv(peer, wireTag, CallSignature{}, buffer.data_ptr(), bytesOf(buffer));
   }
   return c10::make_intrusive<TorusP2PWork>(rank_, type, title, transport_, request, tensor, buffer, timeout_, context,

@@ -1,11 +1,43 @@
 // The reducing entry points: all_reduce (and coalesced), reduce, reduce_scatter (list, tensor,
 // coalesced tensors).
+#include "backend/log.h"
 #include "backend/process_group_torus.h"
 #include "backend/reduction.h"
 #include "backend/tensor_checks.h"
 #include "backend/tensor_staging.h"
+#include "collectives/device/device_collectives.h"
 
 namespace torus {
+
+void ProcessGroupTorus::allreduceBuffer(Algorithm algorithm, Comm& comm, DeviceCall* device, at::Tensor& buffer,
+                                        const Reduction& reduction) {
+  const auto count = static_cast<size_t>(buffer.numel());
+  if (device == nullptr) {
+    dispatch_.allreduce(algorithm, comm, buffer.data_ptr(), count, reduction.reducer);
+    return;
+  }
+  device->attachArenas(comm);
+  const std::string route =
+      dispatch_.deviceAllreduce(algorithm, comm, device->path(), reduction.onDevice, buffer.data_ptr(), count);
+  logDeviceRoute(algorithm, route);
+}
+
+void ProcessGroupTorus::logDeviceRoute(Algorithm algorithm, const std::string& route) const {
+  if (config_.logLevel >= 2) {
+    logLine(rank_, std::string("on the device, ") + algorithmName(algorithm) + " runs as " + route);
+  }
+}
+
+void ProcessGroupTorus::allgatherBuffer(Algorithm algorithm, Comm& comm, DeviceCall* device, at::Tensor& buffer,
+                                        const Blocks& blocks) {
+  if (device == nullptr) {
+    dispatch_.allgather(algorithm, comm, buffer.data_ptr(), blocks, buffer.element_size());
+    return;
+  }
+  device->attachArenas(comm);
+  logDeviceRoute(algorithm, dispatch_.deviceAllgather(comm, device->path(), buffer.data_ptr(), blocks,
+                                                      buffer.element_size()));
+}
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupTorus::allreduce(std::vector<at::Tensor>& tensors,
                                                             const c10d::AllreduceOptions& opts) {
@@ -16,10 +48,10 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupTorus::allreduce(std::vector<at::Tens
   const Algorithm algorithm = dispatch_.algorithmFor("allreduce", bytesOf(tensor));
   const CallDescription call{c10d::OpType::ALLREDUCE, tensor.scalar_type(), bytesOf(tensor), opts.reduceOp.op_, -1,
                              algorithm};
-  return submit(call, {tensor}, {tensor}, opts.timeout, [this, tensor, reduction, algorithm](Comm& comm) mutable {
+  return submit(call, {tensor}, {tensor}, opts.timeout, [this, tensor, reduction, algorithm](Comm& comm, DeviceCall* device) mutable {
     at::Tensor buffer = contiguousBuffer(tensor);
     reduction.prepare(buffer);
-    dispatch_.allreduce(algorithm, comm, buffer.data_ptr(), static_cast<size_t>(buffer.numel()), reduction.reducer);
+    allreduceBuffer(algorithm, comm, device, buffer, reduction);
     reduction.finish(buffer, tensor, size_);
   });
 }
@@ -37,10 +69,10 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupTorus::allreduce_coalesced(std::vecto
   const Algorithm algorithm = dispatch_.algorithmFor("allreduce", totalBytes);
   const CallDescription call{c10d::OpType::ALLREDUCE_COALESCED, tensors[0].scalar_type(), totalBytes,
                              opts.reduceOp.op_, -1, algorithm};
-  return submit(call, tensors, tensors, opts.timeout, [this, tensors, reduction, algorithm](Comm& comm) mutable {
+  return submit(call, tensors, tensors, opts.timeout, [this, tensors, reduction, algorithm](Comm& comm, DeviceCall* device) mutable {
     at::Tensor buffer = concatenated(tensors);
     reduction.prepare(buffer);
-    dispatch_.allreduce(algorithm, comm, buffer.data_ptr(), static_cast<size_t>(buffer.numel()), reduction.reducer);
+    allreduceBuffer(algorithm, comm, device, buffer, reduction);
     int64_t offset = 0;
     for (auto& t : tensors) {
       at::Tensor part = buffer.narrow(0, offset, t.numel());
@@ -59,22 +91,34 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupTorus::reduce(std::vector<at::Tensor>
   auto reduction = Reduction::of(opts.reduceOp, tensor.scalar_type(), "reduce");
   const int root = static_cast<int>(opts.rootRank);
   const CallDescription call{c10d::OpType::REDUCE, tensor.scalar_type(), bytesOf(tensor), opts.reduceOp.op_, root};
-  return submit(call, {tensor}, {tensor}, opts.timeout, [this, tensor, reduction, root](Comm& comm) mutable {
+  return submit(call, {tensor}, {tensor}, opts.timeout, [this, tensor, reduction, root](Comm& comm, DeviceCall* device) mutable {
     // Only the root's tensor is an output; the others keep their values.
     at::Tensor buffer =
         comm.rank() == root ? contiguousBuffer(tensor) : tensor.clone(at::MemoryFormat::Contiguous);
     reduction.prepare(buffer);
-    dispatch_.reduce(comm, buffer.data_ptr(), static_cast<size_t>(buffer.numel()), reduction.reducer, root);
+    if (device == nullptr) {
+      dispatch_.reduce(comm, buffer.data_ptr(), static_cast<size_t>(buffer.numel()), reduction.reducer, root);
+    } else {
+      // On the device, the root's result is an allreduce's: the device routes keep every rank
+      // busy either way, and there is one path less to keep right.
+      allreduceBuffer(dispatch_.algorithmFor("allreduce", bytesOf(buffer)), comm, device, buffer, reduction);
+    }
     if (comm.rank() == root) {
       reduction.finish(buffer, tensor, size_);
     }
   });
 }
 
-void ProcessGroupTorus::reduceScatterInto(Algorithm algorithm, Comm& comm, at::Tensor& buffer, const Blocks& blocks,
-                                          const Reduction& reduction, at::Tensor& output) {
+void ProcessGroupTorus::reduceScatterInto(Algorithm algorithm, Comm& comm, DeviceCall* device, at::Tensor& buffer,
+                                          const Blocks& blocks, const Reduction& reduction, at::Tensor& output) {
   reduction.prepare(buffer);
-  dispatch_.reduceScatter(algorithm, comm, buffer.data_ptr(), blocks, reduction.reducer);
+  if (device == nullptr) {
+    dispatch_.reduceScatter(algorithm, comm, buffer.data_ptr(), blocks, reduction.reducer);
+  } else {
+    device->attachArenas(comm);
+    logDeviceRoute(algorithm,
+                   dispatch_.deviceReduceScatter(comm, device->path(), reduction.onDevice, buffer.data_ptr(), blocks));
+  }
   at::Tensor mine = buffer.narrow(0, static_cast<int64_t>(blocks.offsets[rank_]),
                                   static_cast<int64_t>(blocks.counts[rank_]));
   reduction.finish(mine, output, size_);
@@ -102,13 +146,13 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupTorus::reduce_scatter(std::vector<at:
   const CallDescription call{c10d::OpType::REDUCE_SCATTER, output.scalar_type(), inputBytes, opts.reduceOp.op_, -1,
                              algorithm};
   return submit(call, {output}, inputList, opts.timeout,
-                [this, output, inputList, reduction, algorithm](Comm& comm) mutable {
+                [this, output, inputList, reduction, algorithm](Comm& comm, DeviceCall* device) mutable {
                   std::vector<size_t> counts;
                   for (const auto& t : inputList) {
                     counts.push_back(static_cast<size_t>(t.numel()));
                   }
                   at::Tensor buffer = concatenated(inputList);
-                  reduceScatterInto(algorithm, comm, buffer, blocksOfCounts(counts), reduction, output);
+                  reduceScatterInto(algorithm, comm, device, buffer, blocksOfCounts(counts), reduction, output);
                 });
 }
 
@@ -140,10 +184,10 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupTorus::reduce_scatter_tensor_coalesce
   const CallDescription call{c10d::OpType::_REDUCE_SCATTER_BASE, inputs[0].scalar_type(), totalBytesOf(inputs),
                              opts.reduceOp.op_, -1, algorithms[0]};
   return submit(call, outputs, inputs, opts.timeout,
-                [this, outputs, inputs, reductions, algorithms](Comm& comm) mutable {
+                [this, outputs, inputs, reductions, algorithms](Comm& comm, DeviceCall* device) mutable {
                   for (size_t j = 0; j < inputs.size(); ++j) {
                     at::Tensor buffer = inputs[j].reshape({-1}).clone(at::MemoryFormat::Contiguous);
-                    reduceScatterInto(algorithms[j], comm, buffer,
+                    reduceScatterInto(algorithms[j], comm, device, buffer,
                                       equalBlocks(static_cast<size_t>(outputs[j].numel()), size_), reductions[j],
                                       outputs[j]);
                   }

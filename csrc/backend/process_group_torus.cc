@@ -23,6 +23,7 @@ ProcessGroupTorus::ProcessGroupTorus(const c10::intrusive_ptr<c10d::Store>& stor
   comm_ = std::make_unique<Comm>(transport_, std::move(members), rank, traffic_);
   const SharedMemory* shm = comm_->sharedMemory();
   dispatch_.setSharedMemory(shm != nullptr, shm != nullptr && shm->singleCopy());
+  devices_ = DeviceSupport::create();
   executor_ = std::make_unique<CollectiveExecutor>(rank, size, groupName_, config_.logLevel, transport_, *comm_,
                                                    std::make_shared<ArrivalBoard>(store, rank, size), failure_);
   if (config_.logLevel >= 1 && rank == 0) {
@@ -53,8 +54,9 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupTorus::submit(const CallDescription& 
                                                          std::chrono::milliseconds timeout,
                                                          CollectiveExecutor::Body body) {
   checkTimeout(timeout, collectiveName(call.type));
+  std::shared_ptr<DeviceCall> device = devices_->begin(outputs, inputs, collectiveName(call.type));
   return executor_->enqueue(call, std::move(outputs), std::move(inputs),
-                            timeout == c10d::kUnsetTimeout ? timeout_ : timeout, std::move(body));
+                            timeout == c10d::kUnsetTimeout ? timeout_ : timeout, std::move(body), std::move(device));
 }
 
 } // namespace torus

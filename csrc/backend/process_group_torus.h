@@ -20,6 +20,7 @@
 #include "backend/algorithm_dispatch.h"
 #include "backend/arrival_board.h"
 #include "backend/collective_executor.h"
+#include "backend/device_support.h"
 #include "backend/reduction.h"
 #include "backend/torus_config.h"
 #include "backend/torus_work.h"
@@ -111,9 +112,18 @@ class ProcessGroupTorus : public c10d::Backend {
   // returns world-size blocks back to back.
   at::Tensor allgatherBytes(Comm& comm, const at::Tensor& mine);
   // Reduce-scatters `buffer` (prepared by `reduction`) in `blocks` and finishes this rank's
-  // block into `output`.
-  void reduceScatterInto(Algorithm algorithm, Comm& comm, at::Tensor& buffer, const Blocks& blocks,
-                         const Reduction& reduction, at::Tensor& output);
+  // block into `output`; on the host, or on `device` (null for CPU tensors).
+  void reduceScatterInto(Algorithm algorithm, Comm& comm, DeviceCall* device, at::Tensor& buffer,
+                         const Blocks& blocks, const Reduction& reduction, at::Tensor& output);
+  // Allreduces `buffer` (contiguous, prepared by `reduction`) in place with `algorithm`, on the
+  // host, or on `device` by the device form of it (collectives/device/).
+  void allreduceBuffer(Algorithm algorithm, Comm& comm, DeviceCall* device, at::Tensor& buffer,
+                       const Reduction& reduction);
+  // Debug log: the device route a call on device tensors took in place of `algorithm`.
+  void logDeviceRoute(Algorithm algorithm, const std::string& route) const;
+  // Allgathers `buffer` (contiguous) in `blocks` in place, on the host or on `device`.
+  void allgatherBuffer(Algorithm algorithm, Comm& comm, DeviceCall* device, at::Tensor& buffer,
+                       const Blocks& blocks);
   // A send or receive posted to the transport, as a work.
   c10::intrusive_ptr<c10d::Work> postPointToPoint(c10d::OpType type, const char* title, int peer, int tag,
                                                   at::Tensor& tensor, const std::string& what);
@@ -127,6 +137,8 @@ class ProcessGroupTorus : public c10d::Backend {
   std::shared_ptr<Transport> transport_;
   std::shared_ptr<TrafficCounters> traffic_;
   std::unique_ptr<Comm> comm_;
+  // The device side of calls on CUDA tensors.
+  std::unique_ptr<DeviceSupport> devices_;
   // Set once a collective or a send or receive fails; later calls fail fast.
   std::shared_ptr<GroupFailure> failure_ = std::make_shared<GroupFailure>();
   std::unique_ptr<CollectiveExecutor> executor_;

@@ -50,6 +50,7 @@ Reduction Reduction::of(const c10d::ReduceOp& op, at::ScalarType dtype, const ch
       TORUS_CHECK(false, "reduce op ", reduceOpName(op.op_), " is not supported (", collective, ")");
   }
   reduction.reducer = makeReducer(dataType, kind);
+  reduction.onDevice = DeviceReduction{dataType, kind};
   TORUS_CHECK(reduction.reducer.fn != nullptr, "ReduceOp.", reduceOpName(op.op_), " is not supported for ", dtype,
               " tensors (", collective, ")");
   return reduction;

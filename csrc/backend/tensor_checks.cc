@@ -36,10 +36,12 @@ DataType toDataType(at::ScalarType type, const std::string& what) {
 
 void checkTensor(const at::Tensor& tensor, const std::string& what) {
   TORUS_CHECK(tensor.defined(), what, " is undefined");
-  TORUS_CHECK(!tensor.is_cuda(), what,
-              " is a CUDA tensor; CUDA tensors are not supported yet by the torus backend "
-              "(use a device map such as backend=\"cpu:torus,cuda:nccl\")");
-  TORUS_CHECK(tensor.device().is_cpu(), what, " is on device ", tensor.device(), "; only CPU tensors are supported");
+  TORUS_CHECK(!tensor.is_cuda() || kBuiltWithCuda, what,
+              " is a CUDA tensor, but this build of torch_torus has no CUDA path (built against a torch without "
+              "CUDA, without a CUDA toolkit, or with TORUS_BUILD_CUDA=0); rebuild it next to a CUDA torch and "
+              "toolkit, or map CUDA to another backend (backend=\"cpu:torus,cuda:gloo\")");
+  TORUS_CHECK(tensor.device().is_cpu() || tensor.is_cuda(), what, " is on device ", tensor.device(),
+              "; only CPU and CUDA tensors are supported");
   TORUS_CHECK(tensor.layout() == at::kStrided, what, " has layout ", tensor.layout(),
               "; only dense (strided) tensors are supported");
   toDataType(tensor.scalar_type(), what);

@@ -19,6 +19,13 @@
 
 namespace torus {
 
+// Whether this build has the CUDA path (torch with CUDA and a toolkit at build time).
+#ifdef TORUS_WITH_CUDA
+constexpr bool kBuiltWithCuda = true;
+#else
+constexpr bool kBuiltWithCuda = false;
+#endif
+
 // The reducer's dtype for a tensor's; raises naming `what` when the dtype is not supported.
 DataType toDataType(at::ScalarType type, const std::string& what);
 

@@ -8,8 +8,8 @@ namespace torus {
 
 namespace {
 
-c10::intrusive_ptr<c10::ivalue::Future> makeTensorListFuture() {
-  return c10::make_intrusive<c10::ivalue::Future>(c10::ListType::create(c10::TensorType::get()));
+c10::intrusive_ptr<c10::ivalue::Future> makeTensorListFuture(std::vector<c10::Device> devices = {}) {
+  return c10::make_intrusive<c10::ivalue::Future>(c10::ListType::create(c10::TensorType::get()), std::move(devices));
 }
 
 } // namespace
@@ -49,13 +49,14 @@ void GroupFailure::throwIfFailed(const std::string& context) const {
 
 TorusWork::TorusWork(int rank, c10d::OpType opType, const char* profilingTitle, std::vector<at::Tensor> outputs,
                      uint64_t seq, const std::optional<std::vector<at::Tensor>>& inputs, std::string context,
-                     std::shared_ptr<const ArrivalBoard> arrivals)
+                     std::shared_ptr<const ArrivalBoard> arrivals, std::shared_ptr<DeviceCall> device)
     : c10d::Work(rank, opType, profilingTitle, inputs),
       outputs_(std::move(outputs)),
-      future_(makeTensorListFuture()),
+      future_(device ? makeTensorListFuture({device->device()}) : makeTensorListFuture()),
       seq_(seq),
       context_(std::move(context)),
-      arrivals_(std::move(arrivals)) {}
+      arrivals_(std::move(arrivals)),
+      device_(std::move(device)) {}
 
 bool TorusWork::wait(std::chrono::milliseconds timeout) {
   const auto spinUntil = Clock::now() + kSpinBeforeSleep;
@@ -73,7 +74,22 @@ bool TorusWork::wait(std::chrono::milliseconds timeout) {
       C10_THROW_ERROR(DistBackendError, what + " (the collective goes on, bounded by its own timeout)");
     }
   }
-  return c10d::Work::wait(kNoTimeout);
+  c10d::Work::wait(kNoTimeout);
+  synchronize();
+  return true;
+}
+
+bool TorusWork::isCompleted() {
+  if (!c10d::Work::isCompleted()) {
+    return false;
+  }
+  return !device_ || exception() || device_->deviceDone();
+}
+
+void TorusWork::synchronize() {
+  if (device_ && done_.load(std::memory_order_acquire) && !exception()) {
+    device_->blockCurrentStream();
+  }
 }
 
 void TorusWork::complete() {

@@ -13,6 +13,7 @@
 #include <torch/csrc/distributed/c10d/Work.hpp>
 
 #include "backend/arrival_board.h"
+#include "backend/device_support.h"
 #include "transport/transport.h"
 
 namespace torus {
@@ -40,9 +41,11 @@ class GroupFailure {
 
 class TorusWork : public c10d::Work {
  public:
+  // `device`: the call's device side, or null for CPU tensors; with one, the future is CUDA-aware
+  // and wait() orders the caller's current stream after the job.
   TorusWork(int rank, c10d::OpType opType, const char* profilingTitle, std::vector<at::Tensor> outputs,
             uint64_t seq, const std::optional<std::vector<at::Tensor>>& inputs, std::string context,
-            std::shared_ptr<const ArrivalBoard> arrivals);
+            std::shared_ptr<const ArrivalBoard> arrivals, std::shared_ptr<DeviceCall> device);
 
   std::vector<at::Tensor> result() override {
     return outputs_;
@@ -58,6 +61,10 @@ class TorusWork : public c10d::Work {
   // A `timeout` that passes raises DistBackendError naming the collective and the ranks that had
   // not reached it; the collective itself goes on, bounded by its own timeout.
   bool wait(std::chrono::milliseconds timeout) override;
+  // Device calls: done on the host and on the device.
+  bool isCompleted() override;
+  // Device calls: the current stream waits for the job (Work.synchronize()).
+  void synchronize() override;
 
   // Called once by the worker thread.
   void complete();
@@ -69,6 +76,7 @@ class TorusWork : public c10d::Work {
   const uint64_t seq_;
   const std::string context_;
   const std::shared_ptr<const ArrivalBoard> arrivals_;
+  const std::shared_ptr<DeviceCall> device_;
   std::atomic<bool> done_{false};
 };
 

@@ -48,14 +48,6 @@
 
 namespace torus {
 
-namespace {
-
-// The comm ranks of this rank's row and column, in grid order.
-struct GridLines {
-  std::vector<int> row;
-  std::vector<int> column;
-};
-
 GridLines linesThrough(const TorusGrid& grid, int size, int rank) {
   const size_t columns = grid.rows.empty() ? 0 : grid.rows.front().size();
   std::vector<int> seen(static_cast<size_t>(size), 0);
@@ -84,6 +76,8 @@ GridLines linesThrough(const TorusGrid& grid, int size, int rank) {
   }
   return lines;
 }
+
+namespace {
 
 // Runs the column phase of segments 0, 1, ... in order on a thread of its own, each once the row
 // phase has handed it over, with scratch of its own. Destruction stops it after the segment in

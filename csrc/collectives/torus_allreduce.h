@@ -16,6 +16,14 @@ struct TorusGrid {
   std::vector<std::vector<int>> rows;
 };
 
+// The comm ranks of a rank's row and column, in grid order.
+struct GridLines {
+  std::vector<int> row;
+  std::vector<int> column;
+};
+// Throws std::invalid_argument when grid does not arrange `size` ranks as above.
+GridLines linesThrough(const TorusGrid& grid, int size, int rank);
+
 // In place: on return buf (count elements of reducer.elementSize) holds the reduction over all
 // ranks of comm, reduce-scattered along this rank's row, allreduced along its column with
 // `inner`, and allgathered along the row. Throws std::invalid_argument when grid does not arrange

@@ -62,7 +62,24 @@ Comm Comm::subset(const std::vector<int>& ranks) const {
   comm.tag_ = tag_;
   comm.call_ = call_;
   comm.deadline_ = deadline_;
+  comm.deviceArenas_ = deviceArenas_;
   return comm;
+}
+
+std::optional<ArenaView> Comm::deviceArenas() const {
+  if (!deviceArenas_) {
+    return std::nullopt;
+  }
+  ArenaView view;
+  view.bytes = deviceArenas_->bytes();
+  for (int member : members_) {
+    char* arena = deviceArenas_->arena(member);
+    if (arena == nullptr) {
+      return std::nullopt;
+    }
+    view.arenas.push_back(arena);
+  }
+  return view;
 }
 
 Scratch::~Scratch() {

@@ -5,8 +5,10 @@
 
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <vector>
 
+#include "comm/device_path.h"
 #include "transport/shared_memory.h"
 #include "transport/traffic_counters.h"
 #include "transport/transport.h"
@@ -71,6 +73,15 @@ class Comm {
     return sharedMemory_.get();
   }
 
+  // Attaches the device arenas of the group's ranks on this host (the backend does, once per
+  // device, at its first collective on that device); subsets made later share them.
+  void attachDeviceArenas(std::shared_ptr<const DeviceArenas> arenas) {
+    deviceArenas_ = std::move(arenas);
+  }
+  // Every rank's arena, by Comm rank, when every rank of this Comm has one mapped here (all on
+  // this host, memory that can be mapped); nullopt otherwise. The same on every rank of the Comm.
+  std::optional<ArenaView> deviceArenas() const;
+
   // A Comm over a subset of this one's ranks (given as this Comm's ranks, in order); this
   // process must be among them. Shares the transport, tag, call and deadline.
   Comm subset(const std::vector<int>& ranks) const;
@@ -82,6 +93,7 @@ class Comm {
   int self_;
   // Refers into transport_, which outlives it.
   std::shared_ptr<SharedMemory> sharedMemory_;
+  std::shared_ptr<const DeviceArenas> deviceArenas_;
   uint64_t tag_ = 0;
   CallSignature call_;
   Deadline deadline_ = Deadline::max();

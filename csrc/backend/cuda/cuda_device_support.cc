@@ -1,0 +1,118 @@
+#include "backend/cuda/cuda_device_support.h"
+
+#include <map>
+#include <mutex>
+
+#include <ATen/cuda/CUDAEvent.h>
+#include <c10/cuda/CUDACachingAllocator.h>
+#include <c10/cuda/CUDAGuard.h>
+#include <c10/cuda/CUDAStream.h>
+
+#include "backend/cuda/cuda_device_path.h"
+#include "backend/cuda/cuda_ipc_arenas.h"
+
+namespace torus {
+
+namespace {
+
+// One device of one group.
+struct CudaDeviceState {
+  explicit CudaDeviceState(int index)
+      : device(index),
+        stream(c10::cuda::getStreamFromPool(false, static_cast<c10::DeviceIndex>(index))),
+        path(index, stream) {}
+
+  const int device;
+  const c10::cuda::CUDAStream stream;
+  CudaDevicePath path;
+  // Set up at the group's first call on this device that can use them; null when that failed
+  // everywhere (the staged path then serves every call).
+  std::shared_ptr<CudaIpcArenas> arenas;
+  bool arenasSetUp = false;
+};
+
+class CudaCall : public DeviceCall {
+ public:
+  CudaCall(std::shared_ptr<CudaDeviceState> state, at::cuda::CUDAEvent ready)
+      : state_(std::move(state)), ready_(std::move(ready)) {}
+
+  c10::Device device() const override {
+    return c10::Device(c10::kCUDA, static_cast<c10::DeviceIndex>(state_->device));
+  }
+  DevicePath& path() override {
+    return state_->path;
+  }
+
+  std::shared_ptr<void> enter() override {
+    auto scope = std::make_shared<c10::cuda::CUDAStreamGuard>(state_->stream);
+    ready_.block(state_->stream);
+    return scope;
+  }
+  void recordDone() override {
+    done_.record(state_->stream);
+  }
+  void attachArenas(Comm& comm) override {
+    // Only the worker thread touches the arenas.
+    if (!state_->arenasSetUp) {
+      state_->arenas = CudaIpcArenas::exchange(comm, state_->device, kArenaBytes);
+      state_->arenasSetUp = true;
+    }
+    comm.attachDeviceArenas(state_->arenas);
+  }
+
+  void blockCurrentStream() override {
+    done_.block(c10::cuda::getCurrentCUDAStream(static_cast<c10::DeviceIndex>(state_->device)));
+  }
+  bool deviceDone() override {
+    return done_.query();
+  }
+
+ private:
+  std::shared_ptr<CudaDeviceState> state_;
+  at::cuda::CUDAEvent ready_;
+  at::cuda::CUDAEvent done_;
+};
+
+class CudaDeviceSupport : public DeviceSupport {
+ public:
+  std::shared_ptr<DeviceCall> begin(const std::vector<at::Tensor>& outputs, const std::vector<at::Tensor>& inputs,
+                                    const char* collective) override {
+    const c10::Device device = deviceOfCall(outputs, inputs, collective);
+    if (device.is_cpu()) {
+      return nullptr;
+    }
+    std::shared_ptr<CudaDeviceState> state = stateOf(device.index());
+    c10::cuda::CUDAGuard guard(device.index());
+    at::cuda::CUDAEvent ready;
+    ready.record(c10::cuda::getCurrentCUDAStream(device.index()));
+    for (const auto* list : {&outputs, &inputs}) {
+      for (const at::Tensor& t : *list) {
+        if (t.storage().data_ptr().get() != nullptr) {
+          c10::cuda::CUDACachingAllocator::recordStream(t.storage().data_ptr(), state->stream);
+        }
+      }
+    }
+    return std::make_shared<CudaCall>(std::move(state), std::move(ready));
+  }
+
+ private:
+  std::shared_ptr<CudaDeviceState> stateOf(c10::DeviceIndex index) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    auto& state = states_[index];
+    if (!state) {
+      state = std::make_shared<CudaDeviceState>(index);
+    }
+    return state;
+  }
+
+  std::mutex mutex_;
+  std::map<int, std::shared_ptr<CudaDeviceState>> states_;
+};
+
+} // namespace
+
+std::unique_ptr<DeviceSupport> makeCudaDeviceSupport() {
+  return std::make_unique<CudaDeviceSupport>();
+}
+
+} // namespace torus

@@ -1,0 +1,18 @@
+// The CUDA build's DeviceSupport (see backend/device_support.h for the stream semantics): per
+// group and device one communication stream from torch's pool, its CudaDevicePath and the IPC
+// arenas of the ranks on this host; per call a ready event on the caller's stream and a done
+// event on the communication stream.
+#pragma once
+
+#include <memory>
+
+#include "backend/device_support.h"
+
+namespace torus {
+
+// Each rank's IPC arena: two halves of 16 MiB, one round of an arena collective each.
+constexpr size_t kArenaBytes = size_t(32) << 20;
+
+std::unique_ptr<DeviceSupport> makeCudaDeviceSupport();
+
+} // namespace torus
