@@ -50,8 +50,12 @@ def build_cuda():
             raise SystemExit(f"TORUS_BUILD_CUDA=1 but the CUDA kernels cannot be built: {reason}")
         print(f"torch-torus: building CPU-only: {reason}")
         return False
-    print(f"torch-torus: building with the CUDA kernels (toolkit {CUDA_HOME}, "
-          f"torch CUDA {torch.version.cuda})")
+    if not os.environ.get("TORCH_CUDA_ARCH_LIST") and not torch.cuda.is_available():
+        # torch takes the architectures of the visible GPUs; with none (a build machine) it has
+        # nothing to compile for.
+        os.environ["TORCH_CUDA_ARCH_LIST"] = "8.0;9.0"
+    print(f"torch-torus: building with the CUDA path (toolkit {CUDA_HOME}, torch CUDA "
+          f"{torch.version.cuda}, architectures {os.environ.get('TORCH_CUDA_ARCH_LIST', 'of the visible GPUs')})")
     return True
 
 

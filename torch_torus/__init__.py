@@ -117,6 +117,6 @@ def algorithm_for(collective: str, nbytes: int, group: dist.ProcessGroup | None 
     return _torus_backend(group, "algorithm_for").algorithm_for(collective, nbytes)
 
 
-# CUDA is listed so that CUDA tensors reach the backend and get its clear "not supported yet"
-# error rather than torch's "no backend for device".
+# CUDA is listed so that plain backend="torus" serves CUDA tensors too (a build without the CUDA
+# path answers them with an error naming the tensor, rather than torch's "no backend for device").
 dist.Backend.register_backend(BACKEND_NAME, _create_backend, extended_api=True, devices=["cpu", "cuda"])
