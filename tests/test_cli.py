@@ -105,3 +105,69 @@ def test_rounds_time_each_contender_in_a_new_order_and_keep_its_best_round(one_r
     # 0.1 ms, never fewer than --iters.
     calls = {index: [count for done, count in timed if done == index] for index in range(3)}
     assert calls == {0: [5, 17, 17], 1: [5, 500, 500], 2: [5, 5, 5]}
+
+
+def _report(args, tmp_path):
+    """The bench's report (header, table, summary) and JSON for two sizes of two contenders whose
+    times are made up, as rank 0 would print and write them."""
+    from torch_torus.bench.collectives import COLLECTIVES
+    from torch_torus.bench.measure import Row
+    from torch_torus.bench.report import Table, header, summary, write_json
+
+    collective = COLLECTIVES["allreduce"](4, 0, 0)
+    copy = getattr(args, "device_copy", None)
+    rows_by_size = []
+    for size, times_us in ((4096, (50.0, 80.0)), (1 << 28, (200.0, 800.0))):
+        rows = []
+        for contender, time_us in zip(args.contenders, times_us):
+            algbw = size / (time_us * 1e-6) / 1e9
+            busbw = algbw * collective.bus_factor()
+            rows.append(Row(contender=contender, size_bytes=size, count=size // 4, time_us=time_us, algbw=algbw,
+                            busbw=busbw, wrong=0, algorithm=None,
+                            copy_share=busbw / copy.gbps if copy is not None else None))
+        rows_by_size.append(rows)
+    table = Table(collective, args)
+    lines = (header(collective, args, ["host"] * 4) + table.header_lines()
+             + [table.row_line(rows) for rows in rows_by_size] + summary(rows_by_size, args))
+    path = tmp_path / "bench.json"
+    write_json(str(path), collective, args, ["host"] * 4, rows_by_size)
+    return lines, json.loads(path.read_text())
+
+
+def test_bench_on_cuda_reports_each_busbw_as_a_share_of_the_device_copy(tmp_path):
+    from torch_torus.bench.cli import parse_args
+    from torch_torus.bench.timing import DeviceCopy
+
+    args = parse_args(["--backends", "gloo;mpi", "--device", "cpu"])  # mpi: no algorithm column
+    lines, document = _report(args, tmp_path)
+    assert not any("%copy" in line or "device-to-device" in line for line in lines), lines
+    assert "device_copy" not in document
+    assert all("busbw_share_of_device_copy" not in row for row in document["rows"])
+
+    args.device = "cuda"
+    args.device_copy = DeviceCopy(gbps=3000.0, nbytes=256 << 20, device="cuda:0 (a GPU)", rounds=5, copies=10)
+    lines, document = _report(args, tmp_path)
+    text = "\n".join(lines)
+    assert "# device-to-device copy on rank 0's GPU, cuda:0 (a GPU): 3000.0 GB/s" in text, text
+    assert "256MiB" in text, text
+    [names] = [line for line in lines if "#wrong" in line]
+    assert names.count("%copy") == 2, names
+    # 256 MiB in 200 us: algbw 1342.2 GB/s, busbw x 1.5 = 2013.3 GB/s = 67.11 % of 3000 GB/s; the other 4x slower.
+    [big] = [line for line in lines if line.split()[:1] == [str(1 << 28)] and "float32" in line]
+    assert "67.11" in big.split() and "16.78" in big.split(), big
+    assert "# Avg bus bandwidth as % of the device copy (3000.0 GB/s):" in text, text
+    assert document["device_copy"]["gbps"] == 3000.0 and document["device_copy"]["bytes"] == 256 << 20
+    shares = [row["busbw_share_of_device_copy"] for row in document["rows"]]
+    assert shares == pytest.approx([row["busbw_gbps"] / 3000.0 for row in document["rows"]])
+
+
+@pytest.mark.skipif(not __import__("torch").cuda.is_available(), reason="no GPU is visible to torch")
+def test_device_copy_bandwidth_is_measured_on_the_gpu():
+    import torch
+
+    from torch_torus.bench.timing import device_copy_bandwidth
+
+    copy = device_copy_bandwidth(torch.device("cuda", 0), nbytes=64 << 20, rounds=2, copies=3)
+    # Any GPU that runs CUDA copies device memory faster than 10 GB/s, and none at 100 TB/s.
+    assert 10 < copy.gbps < 100_000, copy
+    assert copy.device.startswith("cuda:0 (") and copy.nbytes == 64 << 20

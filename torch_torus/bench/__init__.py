@@ -23,6 +23,8 @@ Columns follow nccl-tests (all_reduce_perf and friends):
   algbw  size / time;  busbw = algbw x the collective's bus factor: 2(n-1)/n for allreduce,
          (n-1)/n for allgather, reduce_scatter and alltoall, 1 for broadcast
   #wrong elements that differ from the expected result, summed over ranks (--check)
+  %copy  with --device cuda: busbw as a percentage of the device-to-device copy bandwidth of rank
+         0's GPU, measured once at the start (a 256 MiB copy_, bytes read + written per second)
 
 The script runs under torchrun or any launcher that sets the env:// variables (MASTER_ADDR,
 MASTER_PORT, RANK, WORLD_SIZE), and under mpiexec (MPICH or Open MPI) and Slurm's srun, from
@@ -31,6 +33,7 @@ path to this folder (`python path/to/torch_torus/bench`).
 
 The modules, in the order a run uses them: contenders (who is measured: the --backends grammar,
 the backends' import, the mpi contender), collectives (the calls, their buffers and expected
-results), timing (rounds, shared with torch_torus.tune), measure (one size: every contender
-timed and checked), report (table, summary, JSON, plot), sizes (4K, 64M), cli (the command line).
+results), timing (rounds, shared with torch_torus.tune; the GPU's copy bandwidth), measure (one
+size: every contender timed and checked), report (table, summary, JSON, plot), sizes (4K, 64M),
+cli (the command line).
 """

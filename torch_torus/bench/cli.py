@@ -16,6 +16,7 @@ from .contenders import (MPI_CONTENDER, MPI_LAUNCH_EXAMPLE, MPI_REDUCE_OPS, impo
 from .measure import counts_to_measure, measure_size
 from .report import Table, header, summary, write_json, write_plot
 from .sizes import parse_size
+from .timing import DeviceCopy, device_copy_bandwidth
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -76,7 +77,8 @@ def build_parser() -> argparse.ArgumentParser:
                              "(e.g. oneccl_bindings_for_pytorch for 'ccl'); repeatable")
     parser.add_argument("--device", choices=["cpu", "cuda"], default="cpu",
                         help="where the tensors live; cuda uses GPU LOCAL_RANK modulo the GPU "
-                             "count (default: %(default)s)")
+                             "count, measures rank 0's GPU's device-to-device copy bandwidth "
+                             "first and reports each busbw as a share of it (default: %(default)s)")
     parser.add_argument("--check", action="store_true",
                         help="after timing each size, run one more call on known data and count "
                              "wrong elements in #wrong (slower; off by default, as nccl-tests "
@@ -123,6 +125,14 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     return args
 
 
+def measured_device_copy(device: torch.device, rank: int, bootstrap: dist.ProcessGroup) -> DeviceCopy:
+    """Rank 0 times its GPU's copy bandwidth while the others wait (ranks may share the GPU);
+    every rank gets the figure."""
+    shared = [device_copy_bandwidth(device) if rank == 0 else None]
+    dist.broadcast_object_list(shared, src=0, group=bootstrap)
+    return shared[0]
+
+
 def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
     import_backends(args.contenders, args.import_module)
@@ -141,6 +151,7 @@ def main(argv: list[str] | None = None) -> None:
     rank, world_size = dist.get_rank(), dist.get_world_size()
     if not 0 <= args.root < world_size:
         raise SystemExit(f"--root {args.root} is not a rank of {world_size}")
+    args.device_copy = measured_device_copy(device, rank, bootstrap) if args.device == "cuda" else None
     for contender in args.contenders:
         if contender.backend == MPI_CONTENDER:
             start_mpi_contender(contender, mpi_launch)

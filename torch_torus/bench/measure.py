@@ -28,9 +28,11 @@ class Row:
     busbw: float
     wrong: int | None  # None when not checked
     algorithm: str | None
+    # busbw / the GPU's device-to-device copy bandwidth (--device cuda), else None
+    copy_share: float | None = None
 
     def to_json(self) -> dict:
-        return {
+        row = {
             "contender": self.contender.label,
             "backend": self.contender.backend,
             "options": self.contender.options,
@@ -42,6 +44,9 @@ class Row:
             "wrong": self.wrong,
             "algorithm": self.algorithm,
         }
+        if self.copy_share is not None:
+            row["busbw_share_of_device_copy"] = self.copy_share
+        return row
 
 
 def check_contender(collective: Collective, buffers: Buffers, count: int, call: Callable[[], None],
@@ -72,15 +77,18 @@ def measure_size(count: int, collective: Collective, args: argparse.Namespace,
         dist.all_reduce(wrong_tensor, group=bootstrap)  # wrong elements add up over ranks
         wrong = wrong_tensor.tolist()
 
+    copy = getattr(args, "device_copy", None)  # a timing.DeviceCopy on CUDA
     rows = []
     for index, contender in enumerate(contenders):
         time_s = seconds[index]
         algbw = size_bytes / time_s / 1e9
+        busbw = algbw * collective.bus_factor()
         rows.append(Row(
             contender=contender, size_bytes=size_bytes, count=count, time_us=time_s * 1e6,
-            algbw=algbw, busbw=algbw * collective.bus_factor(),
+            algbw=algbw, busbw=busbw,
             wrong=wrong[index],
-            algorithm=contender.algorithm(collective.name, size_bytes)))
+            algorithm=contender.algorithm(collective.name, size_bytes),
+            copy_share=busbw / copy.gbps if copy is not None else None))
     return rows
 
 

@@ -14,6 +14,7 @@ from .collectives import Collective
 from .contenders import Contender
 from .measure import Row
 from .sizes import human_size
+from .timing import DeviceCopy
 
 # --------------------------------------------------------------------------------------------
 # Report (rank 0)
@@ -24,13 +25,16 @@ class Table:
 
     COMMON = "{:>12}  {:>12}  {:>8}  {:>6}  {:>5}"
     GROUP = "  {:>10}  {:>7}  {:>7}  {:>6}"
+    COPY_SHARE = "  {:>6}"  # with --device cuda: busbw as a percentage of the GPU's copy bandwidth
     ALGORITHM = "  {:>18}"
 
     def __init__(self, collective: Collective, args: argparse.Namespace):
         self.collective, self.contenders, self.args = collective, args.contenders, args
+        self.copy: DeviceCopy | None = getattr(args, "device_copy", None)
 
     def group_format(self, contender: Contender) -> str:
-        return self.GROUP + (self.ALGORITHM if contender.algorithm_for else "")
+        return (self.GROUP + (self.COPY_SHARE if self.copy else "")
+                + (self.ALGORITHM if contender.algorithm_for else ""))
 
     def header_lines(self) -> list[str]:
         common_width = len(self.COMMON.format(*[""] * 5))
@@ -44,9 +48,11 @@ class Table:
             if len(title) > width - 2:
                 title = title[:width - 5] + "..."
             titles += "  " + title.ljust(width - 2)
+            share = ("%copy",) if self.copy else ()
             extra = ("algorithm",) if contender.algorithm_for else ()
-            names += group.format("time", "algbw", "busbw", "#wrong", *extra)
-            units += group.format("(us)", "(GB/s)", "(GB/s)", "", *("",) * len(extra))
+            names += group.format("time", "algbw", "busbw", "#wrong", *share, *extra)
+            units += group.format("(us)", "(GB/s)", "(GB/s)", "", *("(%)",) * len(share),
+                                  *("",) * len(extra))
         return ["#" + line[1:].rstrip() for line in (titles, names, units)]
 
     def row_line(self, rows: list[Row]) -> str:
@@ -58,6 +64,8 @@ class Table:
         for row in rows:
             values = [f"{row.time_us:.1f}", f"{row.algbw:.3f}", f"{row.busbw:.3f}",
                       "-" if row.wrong is None else str(row.wrong)]
+            if self.copy:
+                values.append("-" if row.copy_share is None else f"{100 * row.copy_share:.2f}")
             if row.contender.algorithm_for:
                 values.append(row.algorithm)
             line += self.group_format(row.contender).format(*values)
@@ -87,8 +95,14 @@ def header(collective: Collective, args: argparse.Namespace, hostnames: list[str
         f"# torch {torch.__version__}" + (
             f", torch_torus {getattr(sys.modules['torch_torus'], '__version__', '(no version)')}"
             if "torch_torus" in sys.modules else ""),
-        "# contenders:",
     ]
+    copy: DeviceCopy | None = getattr(args, "device_copy", None)
+    if copy is not None:
+        lines.append(
+            f"# device-to-device copy on rank 0's GPU, {copy.device}: {copy.gbps:.1f} GB/s, bytes read + "
+            f"written per second by a torch copy_ of {human_size(copy.nbytes)}iB, timed with CUDA events, best "
+            f"of {copy.rounds} rounds of {copy.copies}; %copy = busbw as a percentage of it")
+    lines.append("# contenders:")
     for index, contender in enumerate(args.contenders, 1):
         if contender.library:
             lines.append(f"#   [{index}] {contender.backend:<8} {contender.library}")
@@ -117,6 +131,10 @@ def summary(rows_by_size: list[list[Row]], args: argparse.Namespace) -> list[str
                 for index in range(len(contenders))]
     lines.append("# Avg bus bandwidth (GB/s): " + "  ".join(
         f"[{index}] {average:.3f}" for index, average in enumerate(averages, 1)))
+    copy: DeviceCopy | None = getattr(args, "device_copy", None)
+    if copy is not None:
+        lines.append(f"# Avg bus bandwidth as % of the device copy ({copy.gbps:.1f} GB/s): " + "  ".join(
+            f"[{index}] {100 * average / copy.gbps:.2f}" for index, average in enumerate(averages, 1)))
     if len(contenders) < 2:
         return lines
     base = baseline_index(contenders)
@@ -154,6 +172,11 @@ def write_json(path: str, collective: Collective, args: argparse.Namespace, host
                         "library": c.library} for c in args.contenders],
         "rows": [row.to_json() for rows in rows_by_size for row in rows],
     }
+    copy: DeviceCopy | None = getattr(args, "device_copy", None)
+    if copy is not None:  # the rows' busbw_share_of_device_copy are shares of this
+        document["device_copy"] = {"gbps": copy.gbps, "bytes": copy.nbytes, "device": copy.device,
+                                   "rounds": copy.rounds, "copies_per_round": copy.copies,
+                                   "measured_on": "rank 0"}
     with open(path, "w") as file:
         json.dump(document, file, indent=1)
 

@@ -19,6 +19,10 @@ from typing import Callable, Sequence
 import torch
 import torch.distributed as dist
 
+# The buffer the GPU's copy bandwidth is measured with: large enough that the copy streams from
+# and to device memory (past any L2) and that launch overhead does not count.
+DEVICE_COPY_BYTES = 256 << 20
+
 
 @dataclasses.dataclass(frozen=True)
 class RoundPlan:
@@ -92,3 +96,46 @@ def best_round_seconds(calls: Sequence[Callable[[], None]], plan: RoundPlan, boo
     per_round = torch.tensor(seconds, dtype=torch.float64)
     dist.all_reduce(per_round, op=dist.ReduceOp.MAX, group=bootstrap)
     return per_round.min(dim=0).values.tolist()
+
+
+@dataclasses.dataclass(frozen=True)
+class DeviceCopy:
+    """A GPU's device-to-device copy bandwidth: the bytes a torch copy_ reads plus the bytes it
+    writes, per second. On CUDA the bench reports each busbw as a share of it, the roof of a
+    collective whose data stays on the device."""
+
+    gbps: float  # 1e9 bytes per second, read + written
+    nbytes: int  # the size of the buffer copied
+    device: str  # "cuda:0 (NVIDIA H100 80GB HBM3)"
+    rounds: int
+    copies: int  # per round, timed together
+
+
+def device_copy_bandwidth(device: torch.device, nbytes: int = DEVICE_COPY_BYTES, rounds: int = 5,
+                          copies: int = 10) -> DeviceCopy:
+    """Time `copies` copy_ calls of an nbytes buffer into another on `device` with CUDA events on
+    its current stream, `rounds` times after two untimed copies; the best round counts. Each copy
+    reads and writes nbytes. The buffers are freed (and the caching allocator's blocks released)
+    before returning."""
+    source = torch.empty(nbytes, dtype=torch.uint8, device=device)
+    source.fill_(1)
+    target = torch.empty_like(source)
+    stream = torch.cuda.current_stream(device)
+    for _ in range(2):
+        target.copy_(source)
+    stream.synchronize()
+    best = math.inf
+    for _ in range(rounds):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record(stream)
+        for _ in range(copies):
+            target.copy_(source)
+        end.record(stream)
+        end.synchronize()
+        best = min(best, start.elapsed_time(end) / 1e3 / copies)  # elapsed_time is in ms
+    del source, target
+    torch.cuda.empty_cache()
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    return DeviceCopy(gbps=2 * nbytes / best / 1e9, nbytes=nbytes,
+                      device=f"cuda:{index} ({torch.cuda.get_device_name(index)})",
+                      rounds=rounds, copies=copies)
