@@ -17,7 +17,8 @@ from setuptools import find_packages, setup
 from torch.utils.cpp_extension import CUDA_HOME, BuildExtension, CppExtension, CUDAExtension
 
 ROOT = os.path.dirname(os.path.abspath(__file__))
-CXX_FLAGS = ["-O3", "-std=c++17", "-Wall", "-Wno-unused-parameter"]
+# No -std: torch's build adds the standard its headers need (C++17 up to torch 2.11, C++20 since).
+CXX_FLAGS = ["-O3", "-Wall", "-Wno-unused-parameter"]
 
 
 def sources_matching(*patterns):
@@ -70,7 +71,7 @@ if build_cuda():
         include_dirs=include_dirs,
         define_macros=[("TORUS_WITH_CUDA", "1")],
         # No --use_fast_math: AVG divides exactly, as the CPU path does.
-        extra_compile_args={"cxx": CXX_FLAGS, "nvcc": ["-O3", "-std=c++17"]},
+        extra_compile_args={"cxx": CXX_FLAGS, "nvcc": ["-O3"]},
     )
 else:
     extension = CppExtension(

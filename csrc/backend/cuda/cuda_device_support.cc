@@ -3,8 +3,8 @@
 #include <map>
 #include <mutex>
 
-#include <ATen/cuda/CUDAEvent.h>
 #include <c10/cuda/CUDACachingAllocator.h>
+#include <c10/cuda/CUDAException.h>
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
 
@@ -14,6 +14,51 @@
 namespace torus {
 
 namespace {
+
+// An event of one device, created at its first record (ATen's CUDAEvent would pull in the CUDA
+// math libraries' headers, which a bare toolkit lacks).
+class CudaEvent {
+ public:
+  CudaEvent() = default;
+  CudaEvent(const CudaEvent&) = delete;
+  CudaEvent& operator=(const CudaEvent&) = delete;
+  ~CudaEvent() {
+    if (event_ != nullptr) {
+      c10::cuda::CUDAGuard guard(device_);
+      cudaEventDestroy(event_);
+    }
+  }
+
+  void record(const c10::cuda::CUDAStream& stream) {
+    if (event_ == nullptr) {
+      device_ = stream.device_index();
+      c10::cuda::CUDAGuard guard(device_);
+      C10_CUDA_CHECK(cudaEventCreateWithFlags(&event_, cudaEventDisableTiming));
+    }
+    C10_CUDA_CHECK(cudaEventRecord(event_, stream.stream()));
+  }
+  // `stream` waits for the last record; nothing to wait for before the first.
+  void block(const c10::cuda::CUDAStream& stream) const {
+    if (event_ != nullptr) {
+      C10_CUDA_CHECK(cudaStreamWaitEvent(stream.stream(), event_, 0));
+    }
+  }
+  bool query() const {
+    if (event_ == nullptr) {
+      return true;
+    }
+    const cudaError_t state = cudaEventQuery(event_);
+    if (state == cudaErrorNotReady) {
+      return false;
+    }
+    C10_CUDA_CHECK(state);
+    return true;
+  }
+
+ private:
+  cudaEvent_t event_ = nullptr;
+  c10::DeviceIndex device_ = 0;
+};
 
 // One device of one group.
 struct CudaDeviceState {
@@ -33,7 +78,7 @@ struct CudaDeviceState {
 
 class CudaCall : public DeviceCall {
  public:
-  CudaCall(std::shared_ptr<CudaDeviceState> state, at::cuda::CUDAEvent ready)
+  CudaCall(std::shared_ptr<CudaDeviceState> state, std::unique_ptr<CudaEvent> ready)
       : state_(std::move(state)), ready_(std::move(ready)) {}
 
   c10::Device device() const override {
@@ -45,7 +90,7 @@ class CudaCall : public DeviceCall {
 
   std::shared_ptr<void> enter() override {
     auto scope = std::make_shared<c10::cuda::CUDAStreamGuard>(state_->stream);
-    ready_.block(state_->stream);
+    ready_->block(state_->stream);
     return scope;
   }
   void recordDone() override {
@@ -69,8 +114,8 @@ class CudaCall : public DeviceCall {
 
  private:
   std::shared_ptr<CudaDeviceState> state_;
-  at::cuda::CUDAEvent ready_;
-  at::cuda::CUDAEvent done_;
+  std::unique_ptr<CudaEvent> ready_;
+  CudaEvent done_;
 };
 
 class CudaDeviceSupport : public DeviceSupport {
@@ -83,8 +128,8 @@ class CudaDeviceSupport : public DeviceSupport {
     }
     std::shared_ptr<CudaDeviceState> state = stateOf(device.index());
     c10::cuda::CUDAGuard guard(device.index());
-    at::cuda::CUDAEvent ready;
-    ready.record(c10::cuda::getCurrentCUDAStream(device.index()));
+    auto ready = std::make_unique<CudaEvent>();
+    ready->record(c10::cuda::getCurrentCUDAStream(device.index()));
     for (const auto* list : {&outputs, &inputs}) {
       for (const at::Tensor& t : *list) {
         if (t.storage().data_ptr().get() != nullptr) {

@@ -1,17 +1,18 @@
 // Ring allgather of device memory staged through pinned host memory, for ranks that cannot map
 // each other's device memory (other hosts), n ranks, S bytes in all.
 //
-// This rank's block is copied to a pinned mirror of the buffer, ring_allgather runs on the
-// mirror (chunks land in place and are forwarded from there, pipelined), and the other ranks'
-// blocks are copied up into the device buffer.
+// This rank's block is copied to a pinned mirror of the buffer, and ring_allgather's pass runs on
+// the mirror: chunks land in place and are forwarded from there, and each is queued for its copy
+// up into the device buffer the moment it lands, so the copies up overlap the transfers.
 //
 // Steps: n-1. Bytes sent per rank: S(n-1)/n, the same received; device-host traffic per rank:
 // its block down, S(n-1)/n up.
 #include "collectives/device/staged_ring_allgather.h"
 
 #include <algorithm>
+#include <limits>
 
-#include "collectives/ring_allgather.h"
+#include "collectives/ring_pass.h"
 
 namespace torus {
 
@@ -27,20 +28,19 @@ void staged_ring_allgather(Comm& comm, DevicePath& path, void* buf, const Blocks
   }
   char* mirror = path.staging(StagingUse::kMirror, span * elementSize);
   char* device = static_cast<char*>(buf);
-  const auto copyBlock = [&](int b, char* to, const char* from) {
-    path.copy(to + blocks.offsets[b] * elementSize, from + blocks.offsets[b] * elementSize,
-              blocks.counts[b] * elementSize);
-  };
   if (!mirrored) {
-    copyBlock(comm.rank(), mirror, device);
+    const size_t mine = blocks.offsets[comm.rank()] * elementSize;
+    path.copy(mirror + mine, device + mine, blocks.counts[comm.rank()] * elementSize);
     path.synchronize(comm.deadline());
   }
-  ring_allgather(comm, mirror, blocks, elementSize, chunking);
-  for (int b = 0; b < n; ++b) {
-    if (b != comm.rank()) {
-      copyBlock(b, device, mirror);
-    }
-  }
+  // Chunks are final on arrival, so every receive can be posted at once (as ring_allgather does).
+  ringPass(
+      comm, mirror, blocks, elementSize, chunking, comm.rank(), std::numeric_limits<size_t>::max(),
+      [&](size_t, const Chunk& chunk) -> void* { return mirror + chunk.offset * elementSize; },
+      [&](size_t, const Chunk& chunk) {
+        path.copy(device + chunk.offset * elementSize, mirror + chunk.offset * elementSize,
+                  chunk.count * elementSize);
+      });
   // The mirror is reused by the next call.
   path.synchronize(comm.deadline());
 }
