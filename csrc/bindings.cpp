@@ -6,6 +6,7 @@
 #include "backend/algorithm_catalog.h"
 #include "backend/process_group_torus.h"
 #include "collectives/blocks.h"
+#include "device_collectives_on_host.h"
 #include "subset_comms.h"
 #include "transport/shared_memory.h"
 #ifdef TORUS_WITH_CUDA
@@ -108,6 +109,7 @@ PYBIND11_MODULE(_C, module) {
       .def("reset_traffic", &torus::ProcessGroupTorus::resetTraffic);
 
   torus::defineSubsetComms(module);
+  torus::defineDeviceCollectivesOnHost(module);
 
 #ifdef TORUS_WITH_CUDA
   module.attr("built_with_cuda") = true;

@@ -1,0 +1,783 @@
+#include "device_collectives_on_host.h"
+
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <pybind11/functional.h>
+#include <pybind11/stl.h>
+#include <torch/python.h>
+
+#include <algorithm>
+#include <array>
+#include <cerrno>
+#include <chrono>
+#include <cstdint>
+#include <cstdlib>
+#include <cstring>
+#include <functional>
+#include <map>
+#include <memory>
+#include <numeric>
+#include <optional>
+#include <random>
+#include <sstream>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "backend/tensor_checks.h"
+#include "collectives/barrier_dissemination.h"
+#include "collectives/blocks.h"
+#include "collectives/device/arena_allgather.h"
+#include "collectives/device/arena_reduce_scatter.h"
+#include "collectives/device/device_collectives.h"
+#include "collectives/device/staged_ring_allgather.h"
+#include "collectives/device/staged_ring_reduce_scatter.h"
+#include "collectives/torus_allreduce.h"
+#include "comm/comm.h"
+#include "comm/device_path.h"
+#include "transport/tcp/tcp_transport.h"
+
+namespace py = pybind11;
+
+namespace torus {
+
+namespace {
+
+// The Python store's set and get, as the transport and the arenas find each other.
+class CallbackRendezvous : public Rendezvous {
+ public:
+  using Set = std::function<void(const std::string&, const std::string&)>;
+  using Get = std::function<py::bytes(const std::string&)>;
+  CallbackRendezvous(Set set, Get get) : set_(std::move(set)), get_(std::move(get)) {}
+  void set(const std::string& key, const std::string& value) override {
+    set_(key, value);
+  }
+  std::string get(const std::string& key) override {
+    return get_(key);
+  }
+
+ private:
+  Set set_;
+  Get get_;
+};
+
+uintptr_t address(const void* p) {
+  return reinterpret_cast<uintptr_t>(p);
+}
+
+bool rangesOverlap(const void* a, size_t aBytes, const void* b, size_t bBytes) {
+  return address(a) < address(b) + bBytes && address(b) < address(a) + aBytes;
+}
+
+std::string describe(const void* p, size_t nbytes) {
+  std::ostringstream text;
+  text << "[" << p << ", +" << nbytes << ")";
+  return text.str();
+}
+
+// What memory a collective may touch, by kind: its buffer ("device memory"), its own arena
+// (written by copies into it, read by every rank of its host), a peer's arena (read only), or the
+// path's staging.
+enum class RegionKind : uint8_t { kDevice, kOwnArena, kPeerArena, kStaging };
+
+struct Region {
+  const char* begin;
+  size_t bytes;
+  RegionKind kind;
+  std::string name;
+
+  bool holds(const void* p, size_t nbytes) const {
+    return address(p) >= address(begin) && nbytes <= bytes && address(p) - address(begin) <= bytes - nbytes;
+  }
+};
+
+struct PathStats {
+  uint64_t copies = 0;
+  uint64_t reduces = 0;
+  uint64_t synchronizes = 0;
+  uint64_t stagingAllocations = 0;
+  uint64_t arenaBytesWritten = 0; // copied or reduced into this rank's arena
+  uint64_t arenaBytesRead = 0; // read from any arena (copy source, reduce source)
+  uint64_t stagingBytes = 0; // copied into or out of staging, or read from it by a reduction
+};
+
+// DevicePath on host memory. Copies are memcpy, reductions the CPU reducer's, staging plain
+// 64-byte-aligned buffers (filled with 0xff when allocated, so that reading what the contract
+// calls lost shows). Eager: every operation runs when enqueued, as a device that keeps up would
+// run it. Deferred: operations queue until synchronize() (or a staging buffer grows), the latest
+// a stream may run them; an algorithm that reads what it enqueued before synchronizing, or signals
+// peers before its copies landed, then sees stale bytes.
+//
+// Every operation's ranges are checked against the regions of the call in progress (setRegions)
+// and the staging buffers: a range must lie inside one region, a destination must not be a peer's
+// arena, a copy's ranges must not overlap, and a reduction's destination may be one of its sources
+// but must not overlap one partially. A violation throws std::logic_error at once, naming it.
+class HostDevicePath : public DevicePath {
+ public:
+  explicit HostDevicePath(bool deferred) : deferred_(deferred) {}
+  ~HostDevicePath() override {
+    for (Buffer& buffer : staging_) {
+      std::free(buffer.data);
+    }
+  }
+  HostDevicePath(const HostDevicePath&) = delete;
+  HostDevicePath& operator=(const HostDevicePath&) = delete;
+
+  void copy(void* dst, const void* src, size_t nbytes) override {
+    if (nbytes == 0) {
+      return;
+    }
+    const RegionKind to = classify(dst, nbytes, "copy destination", true);
+    const RegionKind from = classify(src, nbytes, "copy source", false);
+    if (rangesOverlap(dst, nbytes, src, nbytes)) {
+      throw std::logic_error("HostDevicePath: copy from " + describe(src, nbytes) + " to the overlapping " +
+                             describe(dst, nbytes));
+    }
+    ++stats_.copies;
+    account(to, nbytes, true);
+    account(from, nbytes, false);
+    run([dst, src, nbytes] { std::memcpy(dst, src, nbytes); });
+  }
+
+  void reduce(const DeviceReduction& op, void* dst, const void* const* srcs, int numSources,
+              size_t count) override {
+    if (numSources < 1) {
+      throw std::logic_error("HostDevicePath: a reduction of " + std::to_string(numSources) + " sources");
+    }
+    const Reducer reducer = makeReducer(op.dtype, op.kind);
+    if (reducer.fn == nullptr) {
+      throw std::invalid_argument(std::string("HostDevicePath: no reduction ") + reduceKindName(op.kind) + " of " +
+                                  dataTypeName(op.dtype));
+    }
+    if (count == 0) {
+      return;
+    }
+    const size_t nbytes = count * reducer.elementSize;
+    const RegionKind to = classify(dst, nbytes, "reduce destination", true);
+    std::vector<const char*> sources;
+    bool destinationLater = false;
+    for (int i = 0; i < numSources; ++i) {
+      account(classify(srcs[i], nbytes, "reduce source", false), nbytes, false);
+      if (srcs[i] != dst && rangesOverlap(srcs[i], nbytes, dst, nbytes)) {
+        throw std::logic_error("HostDevicePath: reduce source " + std::to_string(i) + " " +
+                               describe(srcs[i], nbytes) + " partially overlaps its destination " +
+                               describe(dst, nbytes));
+      }
+      destinationLater = destinationLater || (i > 0 && srcs[i] == dst);
+      sources.push_back(static_cast<const char*>(srcs[i]));
+    }
+    ++stats_.reduces;
+    account(to, nbytes, true);
+    char* target = static_cast<char*>(dst);
+    run([this, reducer, target, sources = std::move(sources), count, nbytes, destinationLater] {
+      // dst = srcs[0] (op) srcs[1] ...: folded in place when dst is srcs[0] or none of them; through
+      // a temporary when dst is a later source, whose original value the fold still needs.
+      char* out = destinationLater ? static_cast<char*>(temporary_.get(nbytes)) : target;
+      if (out != sources[0]) {
+        std::memcpy(out, sources[0], nbytes);
+      }
+      for (size_t i = 1; i < sources.size(); ++i) {
+        reducer(out, sources[i], count);
+      }
+      if (out != target) {
+        std::memcpy(target, out, nbytes);
+      }
+    });
+  }
+
+  void synchronize(Deadline deadline) override {
+    ++stats_.synchronizes;
+    flush();
+    if (Clock::now() > deadline) {
+      throw CommError(CommError::Kind::kTimeout, "timed out waiting for the collective's work on the host device path");
+    }
+  }
+
+  char* staging(StagingUse use, size_t nbytes) override {
+    Buffer& buffer = staging_.at(static_cast<size_t>(use));
+    if (nbytes <= buffer.bytes) {
+      return buffer.data;
+    }
+    // As the CUDA path synchronizes its stream before freeing pinned memory.
+    flush();
+    std::free(buffer.data);
+    buffer = Buffer{};
+    const size_t rounded = (nbytes + 63) / 64 * 64;
+    char* data = static_cast<char*>(std::aligned_alloc(64, rounded));
+    if (data == nullptr) {
+      throw std::bad_alloc();
+    }
+    std::memset(data, 0xff, rounded);
+    buffer = Buffer{data, nbytes};
+    ++stats_.stagingAllocations;
+    stagingRegions_.clear();
+    for (size_t i = 0; i < staging_.size(); ++i) {
+      if (staging_[i].data != nullptr) {
+        stagingRegions_.push_back(Region{staging_[i].data, staging_[i].bytes, RegionKind::kStaging,
+                                         i == static_cast<size_t>(StagingUse::kMirror) ? "staging (mirror)"
+                                                                                       : "staging (slots)"});
+      }
+    }
+    return buffer.data;
+  }
+
+  // The memory the call in progress may touch besides staging.
+  void setRegions(std::vector<Region> regions) {
+    regions_ = std::move(regions);
+  }
+  // Runs what is queued (deferred), as a stream synchronization would.
+  void flush() {
+    std::vector<std::function<void()>> queued;
+    queued.swap(queue_);
+    for (const auto& operation : queued) {
+      operation();
+    }
+  }
+  // Drops what is queued: after a failed call, whose buffers may be gone.
+  void discard() {
+    queue_.clear();
+  }
+
+  const PathStats& stats() const {
+    return stats_;
+  }
+  void resetStats() {
+    stats_ = PathStats{};
+  }
+  bool deferred() const {
+    return deferred_;
+  }
+
+ private:
+  struct Buffer {
+    char* data = nullptr;
+    size_t bytes = 0;
+  };
+
+  void run(std::function<void()> operation) {
+    if (deferred_) {
+      queue_.push_back(std::move(operation));
+    } else {
+      operation();
+    }
+  }
+
+  RegionKind classify(const void* p, size_t nbytes, const char* what, bool write) const {
+    const Region* found = nullptr;
+    for (const std::vector<Region>* regions : {&regions_, &stagingRegions_}) {
+      for (const Region& region : *regions) {
+        if (region.holds(p, nbytes)) {
+          found = &region;
+        }
+      }
+    }
+    if (found == nullptr) {
+      std::string near;
+      for (const std::vector<Region>* regions : {&regions_, &stagingRegions_}) {
+        for (const Region& region : *regions) {
+          if (rangesOverlap(p, nbytes, region.begin, region.bytes)) {
+            near += (near.empty() ? "" : ", ") + region.name + " " + describe(region.begin, region.bytes);
+          }
+        }
+      }
+      throw std::logic_error(std::string("HostDevicePath: ") + what + " " + describe(p, nbytes) +
+                             (near.empty() ? " is outside every buffer the collective may touch"
+                                           : " crosses the end of " + near));
+    }
+    if (write && found->kind == RegionKind::kPeerArena) {
+      throw std::logic_error(std::string("HostDevicePath: ") + what + " " + describe(p, nbytes) + " is in " +
+                             found->name + ": a rank writes only its own arena");
+    }
+    return found->kind;
+  }
+
+  void account(RegionKind kind, size_t nbytes, bool write) {
+    if (kind == RegionKind::kOwnArena && write) {
+      stats_.arenaBytesWritten += nbytes;
+    } else if ((kind == RegionKind::kOwnArena || kind == RegionKind::kPeerArena) && !write) {
+      stats_.arenaBytesRead += nbytes;
+    } else if (kind == RegionKind::kStaging) {
+      stats_.stagingBytes += nbytes;
+    }
+  }
+
+  const bool deferred_;
+  std::array<Buffer, 2> staging_{};
+  std::vector<Region> regions_;
+  std::vector<Region> stagingRegions_;
+  std::vector<std::function<void()>> queue_;
+  Scratch temporary_;
+  PathStats stats_;
+};
+
+// DeviceArenas in POSIX shared memory: each rank creates a segment of `bytes` (filled with 0xff),
+// publishes its name through the rendezvous, and maps the segments of the ranks that `hosts` puts
+// on its host; the arenas of other hosts' ranks are nullptr. Once every rank has mapped its peers'
+// (a barrier on the group), each unlinks its own, so nothing is left in /dev/shm whatever happens
+// later; the mappings go with the object.
+class HostArenas : public DeviceArenas {
+ public:
+  HostArenas(Comm& group, Rendezvous& rendezvous, const std::vector<int>& hosts, size_t bytes)
+      : bytes_(bytes), arenas_(static_cast<size_t>(group.size()), nullptr) {
+    const int self = group.rank();
+    try {
+      std::random_device random;
+      std::ostringstream name;
+      name << "/torus-devtest-" << getpid() << "-" << std::hex << random() << random() << "-r" << std::dec << self;
+      ownName_ = name.str();
+      const int fd = shm_open(ownName_.c_str(), O_CREAT | O_EXCL | O_RDWR, 0600);
+      if (fd < 0) {
+        fail("shm_open(" + ownName_ + ")");
+      }
+      linked_ = true;
+      if (ftruncate(fd, static_cast<off_t>(bytes_)) != 0) {
+        const int error = errno;
+        close(fd);
+        errno = error;
+        fail("ftruncate(" + ownName_ + ")");
+      }
+      char* own = mapAndClose(fd, ownName_);
+      std::memset(own, 0xff, bytes_);
+      arenas_[static_cast<size_t>(self)] = own;
+      rendezvous.set(key(self), ownName_);
+      for (int r = 0; r < group.size(); ++r) {
+        if (r == self || hosts.at(static_cast<size_t>(r)) != hosts.at(static_cast<size_t>(self))) {
+          continue;
+        }
+        const std::string peer = rendezvous.get(key(r));
+        const int peerFd = shm_open(peer.c_str(), O_RDWR, 0);
+        if (peerFd < 0) {
+          fail("shm_open(" + peer + ") of rank " + std::to_string(r));
+        }
+        arenas_[static_cast<size_t>(r)] = mapAndClose(peerFd, peer);
+      }
+      barrier_dissemination(group);
+      unlinkOwn();
+    } catch (...) {
+      release();
+      throw;
+    }
+  }
+  ~HostArenas() override {
+    release();
+  }
+  HostArenas(const HostArenas&) = delete;
+  HostArenas& operator=(const HostArenas&) = delete;
+
+  size_t bytes() const override {
+    return bytes_;
+  }
+  char* arena(int transportRank) const override {
+    return arenas_.at(static_cast<size_t>(transportRank));
+  }
+
+ private:
+  static std::string key(int rank) {
+    return "host-arena/" + std::to_string(rank);
+  }
+  [[noreturn]] static void fail(const std::string& what) {
+    throw std::runtime_error("HostArenas: " + what + ": " + std::strerror(errno));
+  }
+  char* mapAndClose(int fd, const std::string& name) const {
+    void* mapped = mmap(nullptr, bytes_, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    const int error = errno;
+    close(fd);
+    if (mapped == MAP_FAILED) {
+      errno = error;
+      fail("mmap(" + name + ")");
+    }
+    return static_cast<char*>(mapped);
+  }
+  void unlinkOwn() {
+    if (linked_) {
+      shm_unlink(ownName_.c_str());
+      linked_ = false;
+    }
+  }
+  void release() {
+    unlinkOwn();
+    for (char*& arena : arenas_) {
+      if (arena != nullptr) {
+        munmap(arena, bytes_);
+        arena = nullptr;
+      }
+    }
+  }
+
+  const size_t bytes_;
+  std::vector<char*> arenas_; // by transport rank
+  std::string ownName_;
+  bool linked_ = false;
+};
+
+ReduceKind reduceKindNamed(const std::string& name) {
+  std::string lower = name;
+  std::transform(lower.begin(), lower.end(), lower.begin(), [](unsigned char c) { return std::tolower(c); });
+  for (int i = 0; i <= static_cast<int>(ReduceKind::kBxor); ++i) {
+    if (lower == reduceKindName(static_cast<ReduceKind>(i))) {
+      return static_cast<ReduceKind>(i);
+    }
+  }
+  TORUS_CHECK_ARG(false, "unknown reduce op '", name, "' (sum, product, min, max, band, bor, bxor)");
+  return ReduceKind::kSum; // not reached
+}
+
+// What each method calls, in the call signature, so that ranks that call different ones fail.
+enum CallKind : uint8_t {
+  kSetup = 1,
+  kAllreduce,
+  kReduceScatter,
+  kAllgather,
+  kArenaReduceScatter,
+  kArenaAllgather,
+  kStagedReduceScatter,
+  kStagedAllgather,
+};
+
+// A TCP group with host arenas and a host device path, and the device collectives on Comms over
+// any of its ranks.
+class DeviceCollectivesOnHost {
+ public:
+  DeviceCollectivesOnHost(int rank, int size, const std::vector<int>& hosts, CallbackRendezvous::Set set,
+                          CallbackRendezvous::Get get, size_t arenaBytes, const std::string& mode,
+                          double timeoutSeconds)
+      : rank_(rank),
+        size_(size),
+        timeout_(std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(timeoutSeconds))),
+        path_(mode == "deferred") {
+    TORUS_CHECK_ARG(mode == "eager" || mode == "deferred", "mode '", mode, "': expected eager or deferred");
+    TORUS_CHECK_ARG(size > 0 && rank >= 0 && rank < size, "rank ", rank, " of ", size);
+    TORUS_CHECK_ARG(hosts.size() == static_cast<size_t>(size), hosts.size(), " hosts for ", size, " ranks");
+    TORUS_CHECK_ARG(arenaBytes > 0, "arena_bytes must be positive");
+    TORUS_CHECK_ARG(timeoutSeconds > 0, "timeout_s must be positive");
+    CallbackRendezvous rendezvous(std::move(set), std::move(get));
+    TcpOptions options;
+    options.timeout = std::chrono::duration_cast<std::chrono::milliseconds>(timeout_);
+    transport_ = std::make_shared<TcpTransport>(rank, size, rendezvous, options);
+    std::vector<int> everyone(static_cast<size_t>(size));
+    std::iota(everyone.begin(), everyone.end(), 0);
+    group_ = std::make_unique<Comm>(transport_, everyone, rank);
+    Comm setup = *group_;
+    prepare(setup, everyone, CallSignature{kSetup});
+    arenas_ = std::make_shared<HostArenas>(setup, rendezvous, hosts, arenaBytes);
+    group_->attachDeviceArenas(arenas_);
+  }
+
+  // The route of the Comm over `ranks` (default: the group), as the debug log names it.
+  std::string route(const std::optional<std::vector<int>>& ranks) const {
+    return deviceRouteName(deviceRouteFor(commOver(ranks).first));
+  }
+
+  std::string allreduce(const at::Tensor& buf, const std::string& op,
+                        const std::optional<std::vector<std::vector<int>>>& rows, size_t chunkBytes,
+                        const std::optional<std::vector<int>>& ranks) {
+    return run(buf, &op, kAllreduce, ranks, [&](Call& call) {
+      const Chunking chunking = chunkingOf(chunkBytes);
+      if (!rows) {
+        device_allreduce(call.comm, path_, call.op, call.data, call.count, nullptr, chunking);
+        return std::string(deviceRouteName(deviceRouteFor(call.comm)));
+      }
+      const TorusGrid grid{*rows};
+      device_allreduce(call.comm, path_, call.op, call.data, call.count, &grid, chunking);
+      if (grid.rows.size() <= 1 || grid.rows.front().size() <= 1) {
+        return std::string(deviceRouteName(deviceRouteFor(call.comm)));
+      }
+      const GridLines lines = linesThrough(grid, call.comm.size(), call.comm.rank());
+      return std::string("torus (rows ") + deviceRouteName(deviceRouteFor(call.comm.subset(lines.row))) +
+             ", columns " + deviceRouteName(deviceRouteFor(call.comm.subset(lines.column))) + ")";
+    });
+  }
+
+  std::string reduceScatter(const at::Tensor& buf, const std::vector<size_t>& counts, const std::string& op,
+                            size_t chunkBytes, const std::optional<std::vector<size_t>>& offsets,
+                            const std::optional<std::vector<int>>& ranks) {
+    return run(buf, &op, kReduceScatter, ranks, [&](Call& call) {
+      device_reduce_scatter(call.comm, path_, call.op, call.data, blocksOf(call, counts, offsets),
+                            chunkingOf(chunkBytes));
+      return std::string(deviceRouteName(deviceRouteFor(call.comm)));
+    });
+  }
+
+  std::string allgather(const at::Tensor& buf, const std::vector<size_t>& counts, size_t chunkBytes,
+                        const std::optional<std::vector<size_t>>& offsets,
+                        const std::optional<std::vector<int>>& ranks) {
+    return run(buf, nullptr, kAllgather, ranks, [&](Call& call) {
+      device_allgather(call.comm, path_, call.data, blocksOf(call, counts, offsets), call.elementSize,
+                       chunkingOf(chunkBytes));
+      return std::string(deviceRouteName(deviceRouteFor(call.comm)));
+    });
+  }
+
+  void arenaReduceScatter(const at::Tensor& buf, const std::vector<size_t>& counts, const std::string& op,
+                          const std::optional<std::vector<size_t>>& offsets,
+                          const std::optional<std::vector<int>>& ranks) {
+    run(buf, &op, kArenaReduceScatter, ranks, [&](Call& call) {
+      arena_reduce_scatter(call.comm, path_, call.op, call.data, blocksOf(call, counts, offsets));
+      return std::string();
+    });
+  }
+
+  void arenaAllgather(const at::Tensor& buf, const std::vector<size_t>& counts,
+                      const std::optional<std::vector<size_t>>& offsets, const std::optional<std::vector<int>>& ranks) {
+    run(buf, nullptr, kArenaAllgather, ranks, [&](Call& call) {
+      arena_allgather(call.comm, path_, call.data, blocksOf(call, counts, offsets), call.elementSize);
+      return std::string();
+    });
+  }
+
+  void stagedReduceScatter(const at::Tensor& buf, const std::vector<size_t>& counts, const std::string& op,
+                           size_t chunkBytes, const std::optional<std::vector<size_t>>& offsets,
+                           const std::optional<std::vector<int>>& ranks) {
+    run(buf, &op, kStagedReduceScatter, ranks, [&](Call& call) {
+      staged_ring_reduce_scatter(call.comm, path_, call.op, call.data, blocksOf(call, counts, offsets),
+                                 chunkingOf(chunkBytes));
+      return std::string();
+    });
+  }
+
+  void stagedAllgather(const at::Tensor& buf, const std::vector<size_t>& counts, size_t chunkBytes, bool mirrored,
+                       const std::optional<std::vector<size_t>>& offsets,
+                       const std::optional<std::vector<int>>& ranks) {
+    run(buf, nullptr, kStagedAllgather, ranks, [&](Call& call) {
+      staged_ring_allgather(call.comm, path_, call.data, blocksOf(call, counts, offsets), call.elementSize,
+                            chunkingOf(chunkBytes), mirrored);
+      return std::string();
+    });
+  }
+
+  // The path's reduction alone, on this rank: dst = srcs[0] (op) srcs[1] ..., where dst may be one
+  // of the source tensors (the same storage).
+  void hostReduce(const at::Tensor& dst, const std::vector<at::Tensor>& srcs, const std::string& op) {
+    TORUS_CHECK_ARG(!srcs.empty(), "no sources");
+    const DataType dtype = checkBuffer(dst);
+    std::vector<Region> regions{Region{static_cast<const char*>(dst.data_ptr()), dst.nbytes(), RegionKind::kDevice,
+                                       "dst"}};
+    std::vector<const void*> sources;
+    for (const at::Tensor& src : srcs) {
+      TORUS_CHECK_ARG(checkBuffer(src) == dtype && src.numel() == dst.numel(), "sources like dst");
+      regions.push_back(Region{static_cast<const char*>(src.data_ptr()), src.nbytes(), RegionKind::kDevice, "src"});
+      sources.push_back(src.data_ptr());
+    }
+    path_.setRegions(std::move(regions));
+    path_.reduce(DeviceReduction{dtype, reduceKindNamed(op)}, dst.data_ptr(), sources.data(),
+                 static_cast<int>(sources.size()), static_cast<size_t>(dst.numel()));
+    path_.synchronize(Clock::now() + timeout_);
+    path_.setRegions({});
+  }
+
+  std::map<std::string, uint64_t> stats() const {
+    const PathStats& s = path_.stats();
+    return {{"copies", s.copies},
+            {"reduces", s.reduces},
+            {"synchronizes", s.synchronizes},
+            {"staging_allocations", s.stagingAllocations},
+            {"arena_bytes_written", s.arenaBytesWritten},
+            {"arena_bytes_read", s.arenaBytesRead},
+            {"staging_bytes", s.stagingBytes}};
+  }
+  void resetStats() {
+    path_.resetStats();
+  }
+  size_t arenaBytes() const {
+    return arenas_->bytes();
+  }
+  // Transport ranks whose arena is mapped here.
+  std::vector<int> mappedArenas() const {
+    std::vector<int> mapped;
+    for (int r = 0; r < size_; ++r) {
+      if (arenas_->arena(r) != nullptr) {
+        mapped.push_back(r);
+      }
+    }
+    return mapped;
+  }
+
+ private:
+  struct Call {
+    Comm comm;
+    DeviceReduction op;
+    char* data;
+    size_t count;
+    size_t elementSize;
+  };
+
+  static Chunking chunkingOf(size_t chunkBytes) {
+    TORUS_CHECK_ARG(chunkBytes > 0, "chunk_bytes must be positive");
+    Chunking chunking;
+    chunking.chunkBytes = chunkBytes;
+    return chunking;
+  }
+
+  static DataType checkBuffer(const at::Tensor& buf) {
+    TORUS_CHECK_ARG(buf.defined() && buf.device().is_cpu() && buf.layout() == at::kStrided && buf.is_contiguous(),
+                    "a contiguous CPU tensor");
+    return toDataType(buf.scalar_type(), "buf");
+  }
+
+  // The Comm over `ranks` (group ranks, this one among them; default: the whole group) and its
+  // members.
+  std::pair<Comm, std::vector<int>> commOver(const std::optional<std::vector<int>>& ranks) const {
+    if (!ranks) {
+      std::vector<int> everyone(static_cast<size_t>(size_));
+      std::iota(everyone.begin(), everyone.end(), 0);
+      return {*group_, everyone};
+    }
+    std::vector<bool> seen(static_cast<size_t>(size_), false);
+    for (int r : *ranks) {
+      TORUS_CHECK_ARG(r >= 0 && r < size_ && !seen[static_cast<size_t>(r)], "ranks ", c10::ArrayRef<int>(*ranks),
+                      ": each a distinct rank of the group of ", size_);
+      seen[static_cast<size_t>(r)] = true;
+    }
+    TORUS_CHECK_ARG(seen[static_cast<size_t>(rank_)], "ranks ", c10::ArrayRef<int>(*ranks), " lack this rank ", rank_);
+    return {group_->subset(*ranks), *ranks};
+  }
+
+  // A tag of the Comm's own: its members' hash above, its own count of collectives below, so
+  // that ranks agree on it however many collectives other Comms of theirs ran.
+  uint64_t nextTag(const std::vector<int>& members) {
+    uint64_t hash = 1469598103934665603ull;
+    for (int member : members) {
+      hash = (hash ^ static_cast<uint64_t>(member + 1)) * 1099511628211ull;
+    }
+    return (((hash >> 40) & 0xffffff) << 36) | ++collectives_[members];
+  }
+
+  void prepare(Comm& comm, const std::vector<int>& members, const CallSignature& call) {
+    comm.setTag(nextTag(members));
+    comm.setCall(call);
+    comm.setDeadline(Clock::now() + timeout_);
+  }
+
+  Blocks blocksOf(const Call& call, const std::vector<size_t>& counts,
+                  const std::optional<std::vector<size_t>>& offsets) const {
+    const size_t n = static_cast<size_t>(call.comm.size());
+    TORUS_CHECK_ARG(counts.size() == n, counts.size(), " block counts for ", n, " ranks");
+    Blocks blocks;
+    blocks.counts = counts;
+    if (offsets) {
+      TORUS_CHECK_ARG(offsets->size() == n, offsets->size(), " block offsets for ", n, " ranks");
+      blocks.offsets = *offsets;
+    } else {
+      size_t offset = 0;
+      for (size_t count : counts) {
+        blocks.offsets.push_back(offset);
+        offset += count;
+      }
+    }
+    std::vector<size_t> order(n);
+    std::iota(order.begin(), order.end(), 0);
+    std::sort(order.begin(), order.end(), [&](size_t a, size_t b) { return blocks.offsets[a] < blocks.offsets[b]; });
+    size_t end = 0;
+    for (size_t b : order) {
+      TORUS_CHECK_ARG(blocks.offsets[b] <= call.count && blocks.counts[b] <= call.count - blocks.offsets[b], "block ",
+                      b, " [", blocks.offsets[b], ", +", blocks.counts[b], ") lies outside the ", call.count,
+                      " elements of buf");
+      if (blocks.counts[b] > 0) {
+        TORUS_CHECK_ARG(blocks.offsets[b] >= end, "block ", b, " overlaps another");
+        end = blocks.offsets[b] + blocks.counts[b];
+      }
+    }
+    return blocks;
+  }
+
+  template <typename Body>
+  std::string run(const at::Tensor& buf, const std::string* opName, CallKind kind,
+                  const std::optional<std::vector<int>>& ranks, Body body) {
+    const DataType dtype = checkBuffer(buf);
+    ReduceKind op = ReduceKind::kSum;
+    if (opName != nullptr) {
+      op = reduceKindNamed(*opName);
+      TORUS_CHECK_ARG(makeReducer(dtype, op).fn != nullptr, "op ", *opName, " is not defined for ",
+                      dataTypeName(dtype));
+    }
+    auto [comm, members] = commOver(ranks);
+    CallSignature signature;
+    signature.kind = kind;
+    signature.dtype = static_cast<uint8_t>(dtype);
+    signature.op = static_cast<uint8_t>(op);
+    signature.nbytes = static_cast<uint64_t>(buf.nbytes());
+    prepare(comm, members, signature);
+    Call call{comm, DeviceReduction{dtype, op}, static_cast<char*>(buf.data_ptr()), static_cast<size_t>(buf.numel()),
+              elementSize(dtype)};
+    path_.setRegions(regionsFor(call));
+    try {
+      std::string route = body(call);
+      path_.synchronize(call.comm.deadline());
+      return route;
+    } catch (...) {
+      path_.discard();
+      throw;
+    }
+  }
+
+  // The call's buffer, and each mapped arena's halves (the algorithms use an arena as two halves;
+  // a piece that crosses from one into the other is a bug).
+  std::vector<Region> regionsFor(const Call& call) const {
+    std::vector<Region> regions{Region{call.data, call.count * call.elementSize, RegionKind::kDevice, "the buffer"}};
+    const size_t half = arenas_->bytes() / 2;
+    for (int r = 0; r < size_; ++r) {
+      char* arena = arenas_->arena(r);
+      if (arena == nullptr) {
+        continue;
+      }
+      const RegionKind kind = r == rank_ ? RegionKind::kOwnArena : RegionKind::kPeerArena;
+      for (int h = 0; h < 2; ++h) {
+        regions.push_back(Region{arena + h * half, half, kind,
+                                 "half " + std::to_string(h) + " of rank " + std::to_string(r) + "'s arena"});
+      }
+    }
+    return regions;
+  }
+
+  const int rank_;
+  const int size_;
+  const Clock::duration timeout_;
+  std::shared_ptr<Transport> transport_;
+  std::unique_ptr<Comm> group_;
+  std::shared_ptr<HostArenas> arenas_;
+  HostDevicePath path_;
+  std::map<std::vector<int>, uint64_t> collectives_;
+};
+
+} // namespace
+
+void defineDeviceCollectivesOnHost(py::module& module) {
+  const size_t chunkBytes = Chunking().chunkBytes;
+  py::class_<DeviceCollectivesOnHost>(module, "_DeviceCollectivesOnHost")
+      .def(py::init<int, int, const std::vector<int>&, CallbackRendezvous::Set, CallbackRendezvous::Get, size_t,
+                    const std::string&, double>(),
+           py::arg("rank"), py::arg("size"), py::arg("hosts"), py::arg("store_set"), py::arg("store_get"),
+           py::arg("arena_bytes") = size_t(1) << 20, py::arg("mode") = "eager", py::arg("timeout_s") = 60.0)
+      .def_property_readonly("arena_bytes", &DeviceCollectivesOnHost::arenaBytes)
+      .def("mapped_arenas", &DeviceCollectivesOnHost::mappedArenas)
+      .def("route", &DeviceCollectivesOnHost::route, py::arg("ranks") = py::none())
+      .def("device_allreduce", &DeviceCollectivesOnHost::allreduce, py::arg("buf"), py::arg("op") = "sum",
+           py::arg("grid") = py::none(), py::arg("chunk_bytes") = chunkBytes, py::arg("ranks") = py::none(),
+           py::call_guard<py::gil_scoped_release>())
+      .def("device_reduce_scatter", &DeviceCollectivesOnHost::reduceScatter, py::arg("buf"), py::arg("counts"),
+           py::arg("op") = "sum", py::arg("chunk_bytes") = chunkBytes, py::arg("offsets") = py::none(),
+           py::arg("ranks") = py::none(), py::call_guard<py::gil_scoped_release>())
+      .def("device_allgather", &DeviceCollectivesOnHost::allgather, py::arg("buf"), py::arg("counts"),
+           py::arg("chunk_bytes") = chunkBytes, py::arg("offsets") = py::none(), py::arg("ranks") = py::none(),
+           py::call_guard<py::gil_scoped_release>())
+      .def("arena_reduce_scatter", &DeviceCollectivesOnHost::arenaReduceScatter, py::arg("buf"), py::arg("counts"),
+           py::arg("op") = "sum", py::arg("offsets") = py::none(), py::arg("ranks") = py::none(),
+           py::call_guard<py::gil_scoped_release>())
+      .def("arena_allgather", &DeviceCollectivesOnHost::arenaAllgather, py::arg("buf"), py::arg("counts"),
+           py::arg("offsets") = py::none(), py::arg("ranks") = py::none(), py::call_guard<py::gil_scoped_release>())
+      .def("staged_ring_reduce_scatter", &DeviceCollectivesOnHost::stagedReduceScatter, py::arg("buf"),
+           py::arg("counts"), py::arg("op") = "sum", py::arg("chunk_bytes") = chunkBytes,
+           py::arg("offsets") = py::none(), py::arg("ranks") = py::none(), py::call_guard<py::gil_scoped_release>())
+      .def("staged_ring_allgather", &DeviceCollectivesOnHost::stagedAllgather, py::arg("buf"), py::arg("counts"),
+           py::arg("chunk_bytes") = chunkBytes, py::arg("mirrored") = false, py::arg("offsets") = py::none(),
+           py::arg("ranks") = py::none(), py::call_guard<py::gil_scoped_release>())
+      .def("host_reduce", &DeviceCollectivesOnHost::hostReduce, py::arg("dst"), py::arg("srcs"),
+           py::arg("op") = "sum")
+      .def("stats", &DeviceCollectivesOnHost::stats)
+      .def("reset_stats", &DeviceCollectivesOnHost::resetStats);
+}
+
+} // namespace torus
