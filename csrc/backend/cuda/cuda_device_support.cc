@@ -70,8 +70,8 @@ struct CudaDeviceState {
   const int device;
   const c10::cuda::CUDAStream stream;
   CudaDevicePath path;
-  // Set up at the group's first call on this device that can use them; null when that failed
-  // everywhere (the staged path then serves every call).
+  // Set up at the group's first call on this device that can use them; ranks that could not map
+  // their host peers' arenas have none, and their calls take the staged route.
   std::shared_ptr<CudaIpcArenas> arenas;
   bool arenasSetUp = false;
 };
