@@ -48,7 +48,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupTorus::postPointToPoint(c10d::OpType 
     }
     request = transport_->irecv(peer, wireTag, CallSignature{}, buffer.data_ptr(), bytesOf(buffer));
   }
-  return c10::make_intrusive<TorusP2PWork>(rank_, type, title, transport_, request, tensor, buffer, timeout_, context,
+  return c10::make_intrusive<TorusP2PWork>(rank_, type, title, transport_, request, tensor, buffer, timeout_.load(), context,
                                            failure_);
 }
 

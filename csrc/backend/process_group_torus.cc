@@ -56,7 +56,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupTorus::submit(const CallDescription& 
   checkTimeout(timeout, collectiveName(call.type));
   std::shared_ptr<DeviceCall> device = devices_->begin(outputs, inputs, collectiveName(call.type));
   return executor_->enqueue(call, std::move(outputs), std::move(inputs),
-                            timeout == c10d::kUnsetTimeout ? timeout_ : timeout, std::move(body), std::move(device));
+                            timeout == c10d::kUnsetTimeout ? timeout_.load() : timeout, std::move(body), std::move(device));
 }
 
 } // namespace torus

@@ -37,8 +37,9 @@ class ProcessGroupTorus : public c10d::Backend {
   const std::string getBackendName() const override {
     return "torus";
   }
+  // Any thread may call it while others issue calls.
   void setTimeout(std::chrono::milliseconds timeout) override {
-    timeout_ = timeout;
+    timeout_.store(timeout);
   }
   const TorusConfig& config() const {
     return config_;
@@ -132,7 +133,7 @@ class ProcessGroupTorus : public c10d::Backend {
 
   TorusConfig config_;
   std::string groupName_;
-  std::chrono::milliseconds timeout_;
+  std::atomic<std::chrono::milliseconds> timeout_;
   AlgorithmDispatch dispatch_;
   std::shared_ptr<Transport> transport_;
   std::shared_ptr<TrafficCounters> traffic_;

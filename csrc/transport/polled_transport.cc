@@ -75,10 +75,19 @@ bool PolledTransport::waitFor(const std::vector<RequestPtr>& requests, Deadline 
       return false;
     }
     if (!progressing_) {
-      progressing_ = true;
+      // Reset on every path: a throw out of progress() (bad_alloc, a failed syscall) must not
+      // leave every other waiter sleeping until its deadline.
+      struct Progressing {
+        PolledTransport& transport;
+        explicit Progressing(PolledTransport& t) : transport(t) {
+          transport.progressing_ = true;
+        }
+        ~Progressing() {
+          transport.progressing_ = false;
+          transport.progressed_.notify_all();
+        }
+      } progressing(*this);
       progress(lock, until);
-      progressing_ = false;
-      progressed_.notify_all();
     } else {
       progressed_.wait_until(lock, std::min(until, Clock::now() + std::chrono::seconds(1)));
     }
