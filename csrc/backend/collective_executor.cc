@@ -121,10 +121,28 @@ std::exception_ptr CollectiveExecutor::run(Job& job) {
     // scratch; end them all before those are freed or reused.
     transport_->abort(failure);
   } catch (...) {
+    // Not the transport's failure (an allocation, a torch op, a bad grid), but the collective's
+    // sends and receives may still be posted into its buffers, and the ranks are out of step:
+    // the group fails as for a transport failure, naming the cause.
     error = asTorchError(std::current_exception(), job.context);
+    const std::string failure = job.context + ": " + describeException(error);
+    failure_->record(failure);
+    transport_->abort(failure);
   }
   arrivals_->left();
   return error;
+}
+
+std::string CollectiveExecutor::describeException(std::exception_ptr error) {
+  try {
+    std::rethrow_exception(error);
+  } catch (const c10::Error& e) {
+    return e.what_without_backtrace();
+  } catch (const std::exception& e) {
+    return e.what();
+  } catch (...) {
+    return "an exception of unknown type";
+  }
 }
 
 std::string CollectiveExecutor::explain(const CommError& error, uint64_t seq) const {

@@ -57,6 +57,8 @@ class CollectiveExecutor {
   void runWorker();
   // Runs one job; the error for its work, or null when it succeeded.
   std::exception_ptr run(Job& job);
+  // The message of an exception.
+  static std::string describeException(std::exception_ptr error);
   // The text of a transport's failure, naming the absent ranks or both sides of a mismatch.
   std::string explain(const CommError& error, uint64_t seq) const;
 
