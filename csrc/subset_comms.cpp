@@ -16,6 +16,7 @@
 #include "collectives/single_copy_allgather.h"
 #include "collectives/single_copy_reduce_scatter.h"
 #include "collectives/two_shot_allreduce.h"
+#include "callback_rendezvous.h"
 #include "comm/comm.h"
 #include "transport/hybrid_transport.h"
 
@@ -24,24 +25,6 @@ namespace py = pybind11;
 namespace torus {
 
 namespace {
-
-// The Python store's set and get, as the transports find each other.
-class CallbackRendezvous : public Rendezvous {
- public:
-  using Set = std::function<void(const std::string&, const std::string&)>;
-  using Get = std::function<py::bytes(const std::string&)>;
-  CallbackRendezvous(Set set, Get get) : set_(std::move(set)), get_(std::move(get)) {}
-  void set(const std::string& key, const std::string& value) override {
-    set_(key, value);
-  }
-  std::string get(const std::string& key) override {
-    return get_(key);
-  }
-
- private:
-  Set set_;
-  Get get_;
-};
 
 // A group over shm+tcp (hosts[r]: rank r's host), and Comms over any of its ranks.
 class SubsetComms {
