@@ -20,6 +20,18 @@ Blocks evenBlocks(size_t count, int n) {
   return blocks;
 }
 
+size_t largestCount(const Blocks& blocks) {
+  return blocks.counts.empty() ? 0 : *std::max_element(blocks.counts.begin(), blocks.counts.end());
+}
+
+size_t spanOf(const Blocks& blocks) {
+  size_t span = 0;
+  for (size_t b = 0; b < blocks.counts.size(); ++b) {
+    span = std::max(span, blocks.offsets[b] + blocks.counts[b]);
+  }
+  return span;
+}
+
 size_t chunkElements(const Chunking& chunking, size_t elementSize) {
   return std::max<size_t>(1, chunking.chunkBytes / elementSize);
 }

@@ -20,6 +20,11 @@ struct Blocks {
 // are one element larger.
 Blocks evenBlocks(size_t count, int n);
 
+// The largest block's element count (0 for no blocks).
+size_t largestCount(const Blocks& blocks);
+// The elements the blocks reach into: the end of the block that ends last.
+size_t spanOf(const Blocks& blocks);
+
 // A piece of a buffer that travels as one message, in elements.
 struct Chunk {
   size_t offset;

@@ -25,9 +25,7 @@ void direct_reduce_scatter(Comm& comm, void* buf, const Blocks& blocks, const Re
   const size_t elementSize = reducer.elementSize;
   const size_t peers = static_cast<size_t>(std::max(1, comm.size() - 1));
   const size_t window = (kChunksInFlight + peers - 1) / peers;
-  const size_t largestBlock =
-      blocks.counts.empty() ? 0 : *std::max_element(blocks.counts.begin(), blocks.counts.end());
-  const size_t slotBytes = std::min(chunkElements(chunking, elementSize), largestBlock) * elementSize;
+  const size_t slotBytes = std::min(chunkElements(chunking, elementSize), largestCount(blocks)) * elementSize;
   char* staging = static_cast<char*>(scratch.get(window * peers * slotBytes));
   // Chunk k from a peer lands in slot (k % window, the peer's index among the others).
   const auto slot = [=](int peer, size_t k) {

@@ -20,9 +20,7 @@ namespace torus {
 void ring_reduce_scatter(Comm& comm, void* buf, const Blocks& blocks, const Reducer& reducer,
                          const Chunking& chunking, Scratch& scratch) {
   const size_t elementSize = reducer.elementSize;
-  const size_t largestBlock =
-      blocks.counts.empty() ? 0 : *std::max_element(blocks.counts.begin(), blocks.counts.end());
-  const size_t slotBytes = std::min(chunkElements(chunking, elementSize), largestBlock) * elementSize;
+  const size_t slotBytes = std::min(chunkElements(chunking, elementSize), largestCount(blocks)) * elementSize;
   char* staging = static_cast<char*>(scratch.get(kChunksInFlight * slotBytes));
   const auto slot = [staging, slotBytes](size_t index) {
     return staging + (index % kChunksInFlight) * slotBytes;

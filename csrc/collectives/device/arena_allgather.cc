@@ -10,10 +10,10 @@
 // S(n-1)/n copied out of peers' arenas.
 #include "collectives/device/arena_allgather.h"
 
-#include <algorithm>
 #include <stdexcept>
 
 #include "collectives/barrier_dissemination.h"
+#include "collectives/device/arena_rounds.h"
 
 namespace torus {
 
@@ -29,26 +29,19 @@ void arena_allgather(Comm& comm, DevicePath& path, void* buf, const Blocks& bloc
   if (pieceElements == 0) {
     throw std::invalid_argument("device arenas are smaller than two elements");
   }
-  const size_t largest = *std::max_element(blocks.counts.begin(), blocks.counts.end());
-  const size_t rounds = (largest + pieceElements - 1) / pieceElements;
+  const ArenaRounds rounds(blocks, pieceElements);
   char* bytes = static_cast<char*>(buf);
-  const auto pieceOf = [&](int block, size_t round) {
-    const size_t start = round * pieceElements;
-    return start >= blocks.counts[block] ? 0 : std::min(pieceElements, blocks.counts[block] - start);
-  };
-  for (size_t round = 0; round < rounds; ++round) {
+  for (size_t round = 0; round < rounds.count; ++round) {
     const size_t halfOffset = (round % 2) * half;
-    if (const size_t count = pieceOf(r, round)) {
-      path.copy(view->arenas[r] + halfOffset, bytes + (blocks.offsets[r] + round * pieceElements) * elementSize,
-                count * elementSize);
+    if (const size_t count = rounds.piece(r, round)) {
+      path.copy(view->arenas[r] + halfOffset, bytes + rounds.offset(r, round) * elementSize, count * elementSize);
     }
     path.synchronize(comm.deadline());
     barrier_dissemination(comm);
     for (int p = 0; p < n; ++p) {
-      const size_t count = p == r ? 0 : pieceOf(p, round);
+      const size_t count = p == r ? 0 : rounds.piece(p, round);
       if (count > 0) {
-        path.copy(bytes + (blocks.offsets[p] + round * pieceElements) * elementSize, view->arenas[p] + halfOffset,
-                  count * elementSize);
+        path.copy(bytes + rounds.offset(p, round) * elementSize, view->arenas[p] + halfOffset, count * elementSize);
       }
     }
     path.synchronize(comm.deadline());

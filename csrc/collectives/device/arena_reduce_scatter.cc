@@ -12,12 +12,12 @@
 // by its kernel; every piece is reduced by one rank, in one order, so all ranks agree bit for bit.
 #include "collectives/device/arena_reduce_scatter.h"
 
-#include <algorithm>
 #include <stdexcept>
 #include <string>
 #include <vector>
 
 #include "collectives/barrier_dissemination.h"
+#include "collectives/device/arena_rounds.h"
 
 namespace torus {
 
@@ -35,30 +35,25 @@ void arena_reduce_scatter(Comm& comm, DevicePath& path, const DeviceReduction& o
     throw std::invalid_argument("device arenas of " + std::to_string(view->bytes) + " bytes are too small for " +
                                 std::to_string(n) + " ranks");
   }
-  const size_t largest = *std::max_element(blocks.counts.begin(), blocks.counts.end());
-  const size_t rounds = (largest + pieceElements - 1) / pieceElements;
+  const ArenaRounds rounds(blocks, pieceElements);
   char* bytes = static_cast<char*>(buf);
-  const auto pieceOf = [&](int block, size_t round) {
-    const size_t start = round * pieceElements;
-    return start >= blocks.counts[block] ? 0 : std::min(pieceElements, blocks.counts[block] - start);
-  };
   std::vector<const void*> sources(static_cast<size_t>(n));
-  for (size_t round = 0; round < rounds; ++round) {
+  for (size_t round = 0; round < rounds.count; ++round) {
     const size_t halfOffset = (round % 2) * half;
     char* mine = view->arenas[r] + halfOffset;
     for (int b = 0; b < n; ++b) {
-      if (const size_t count = pieceOf(b, round)) {
-        path.copy(mine + b * pieceElements * elementSize,
-                  bytes + (blocks.offsets[b] + round * pieceElements) * elementSize, count * elementSize);
+      if (const size_t count = rounds.piece(b, round)) {
+        path.copy(mine + b * pieceElements * elementSize, bytes + rounds.offset(b, round) * elementSize,
+                  count * elementSize);
       }
     }
     path.synchronize(comm.deadline());
     barrier_dissemination(comm);
-    if (const size_t count = pieceOf(r, round)) {
+    if (const size_t count = rounds.piece(r, round)) {
       for (int p = 0; p < n; ++p) {
         sources[p] = view->arenas[p] + halfOffset + r * pieceElements * elementSize;
       }
-      path.reduce(op, bytes + (blocks.offsets[r] + round * pieceElements) * elementSize, sources.data(), n, count);
+      path.reduce(op, bytes + rounds.offset(r, round) * elementSize, sources.data(), n, count);
     }
     path.synchronize(comm.deadline());
   }

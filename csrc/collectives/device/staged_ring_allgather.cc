@@ -9,7 +9,6 @@
 // its block down, S(n-1)/n up.
 #include "collectives/device/staged_ring_allgather.h"
 
-#include <algorithm>
 #include <limits>
 
 #include "collectives/ring_pass.h"
@@ -18,15 +17,10 @@ namespace torus {
 
 void staged_ring_allgather(Comm& comm, DevicePath& path, void* buf, const Blocks& blocks, size_t elementSize,
                            const Chunking& chunking, bool mirrored) {
-  const int n = comm.size();
-  if (n == 1) {
+  if (comm.size() == 1) {
     return;
   }
-  size_t span = 0;
-  for (int b = 0; b < n; ++b) {
-    span = std::max(span, blocks.offsets[b] + blocks.counts[b]);
-  }
-  char* mirror = path.staging(StagingUse::kMirror, span * elementSize);
+  char* mirror = path.staging(StagingUse::kMirror, spanOf(blocks) * elementSize);
   char* device = static_cast<char*>(buf);
   if (!mirrored) {
     const size_t mine = blocks.offsets[comm.rank()] * elementSize;

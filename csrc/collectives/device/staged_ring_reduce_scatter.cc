@@ -26,13 +26,8 @@ void staged_ring_reduce_scatter(Comm& comm, DevicePath& path, const DeviceReduct
     return;
   }
   const size_t elementSize = torus::elementSize(op.dtype);
-  size_t span = 0;
-  for (int b = 0; b < n; ++b) {
-    span = std::max(span, blocks.offsets[b] + blocks.counts[b]);
-  }
-  const size_t largest = *std::max_element(blocks.counts.begin(), blocks.counts.end());
-  const size_t slotBytes = std::min(chunkElements(chunking, elementSize), largest) * elementSize;
-  char* mirror = path.staging(StagingUse::kMirror, span * elementSize);
+  const size_t slotBytes = std::min(chunkElements(chunking, elementSize), largestCount(blocks)) * elementSize;
+  char* mirror = path.staging(StagingUse::kMirror, spanOf(blocks) * elementSize);
   char* slots = path.staging(StagingUse::kSlots, kChunksInFlight * slotBytes);
   const auto slot = [slots, slotBytes](size_t index) { return slots + (index % kChunksInFlight) * slotBytes; };
   char* device = static_cast<char*>(buf);
