@@ -36,6 +36,7 @@
 #include "collectives/device/staged_ring_allgather.h"
 #include "collectives/device/staged_ring_reduce_scatter.h"
 #include "collectives/torus_allreduce.h"
+#include "callback_rendezvous.h"
 #include "comm/comm.h"
 #include "comm/device_path.h"
 #include "transport/tcp/tcp_transport.h"
@@ -45,24 +46,6 @@ namespace py = pybind11;
 namespace torus {
 
 namespace {
-
-// The Python store's set and get, as the transport and the arenas find each other.
-class CallbackRendezvous : public Rendezvous {
- public:
-  using Set = std::function<void(const std::string&, const std::string&)>;
-  using Get = std::function<py::bytes(const std::string&)>;
-  CallbackRendezvous(Set set, Get get) : set_(std::move(set)), get_(std::move(get)) {}
-  void set(const std::string& key, const std::string& value) override {
-    set_(key, value);
-  }
-  std::string get(const std::string& key) override {
-    return get_(key);
-  }
-
- private:
-  Set set_;
-  Get get_;
-};
 
 uintptr_t address(const void* p) {
   return reinterpret_cast<uintptr_t>(p);
@@ -475,19 +458,9 @@ class DeviceCollectivesOnHost {
                         const std::optional<std::vector<std::vector<int>>>& rows, size_t chunkBytes,
                         const std::optional<std::vector<int>>& ranks) {
     return run(buf, &op, kAllreduce, ranks, [&](Call& call) {
-      const Chunking chunking = chunkingOf(chunkBytes);
-      if (!rows) {
-        device_allreduce(call.comm, path_, call.op, call.data, call.count, nullptr, chunking);
-        return std::string(deviceRouteName(deviceRouteFor(call.comm)));
-      }
-      const TorusGrid grid{*rows};
-      device_allreduce(call.comm, path_, call.op, call.data, call.count, &grid, chunking);
-      if (grid.rows.size() <= 1 || grid.rows.front().size() <= 1) {
-        return std::string(deviceRouteName(deviceRouteFor(call.comm)));
-      }
-      const GridLines lines = linesThrough(grid, call.comm.size(), call.comm.rank());
-      return std::string("torus (rows ") + deviceRouteName(deviceRouteFor(call.comm.subset(lines.row))) +
-             ", columns " + deviceRouteName(deviceRouteFor(call.comm.subset(lines.column))) + ")";
+      const std::optional<TorusGrid> grid = rows ? std::optional<TorusGrid>(TorusGrid{*rows}) : std::nullopt;
+      return describeRoutes(device_allreduce(call.comm, path_, call.op, call.data, call.count,
+                                             grid ? &*grid : nullptr, chunkingOf(chunkBytes)));
     });
   }
 
@@ -495,9 +468,8 @@ class DeviceCollectivesOnHost {
                             size_t chunkBytes, const std::optional<std::vector<size_t>>& offsets,
                             const std::optional<std::vector<int>>& ranks) {
     return run(buf, &op, kReduceScatter, ranks, [&](Call& call) {
-      device_reduce_scatter(call.comm, path_, call.op, call.data, blocksOf(call, counts, offsets),
-                            chunkingOf(chunkBytes));
-      return std::string(deviceRouteName(deviceRouteFor(call.comm)));
+      return std::string(deviceRouteName(device_reduce_scatter(
+          call.comm, path_, call.op, call.data, blocksOf(call, counts, offsets), chunkingOf(chunkBytes))));
     });
   }
 
@@ -505,9 +477,8 @@ class DeviceCollectivesOnHost {
                         const std::optional<std::vector<size_t>>& offsets,
                         const std::optional<std::vector<int>>& ranks) {
     return run(buf, nullptr, kAllgather, ranks, [&](Call& call) {
-      device_allgather(call.comm, path_, call.data, blocksOf(call, counts, offsets), call.elementSize,
-                       chunkingOf(chunkBytes));
-      return std::string(deviceRouteName(deviceRouteFor(call.comm)));
+      return std::string(deviceRouteName(device_allgather(call.comm, path_, call.data, blocksOf(call, counts, offsets),
+                                                          call.elementSize, chunkingOf(chunkBytes))));
     });
   }
 

@@ -3,7 +3,6 @@
 #include "backend/tensor_checks.h"
 #include "collectives/broadcast_binomial.h"
 #include "collectives/broadcast_chain.h"
-#include "collectives/device/device_collectives.h"
 #include "collectives/direct_allgather.h"
 #include "collectives/direct_reduce_scatter.h"
 #include "collectives/reduce_binomial.h"
@@ -152,28 +151,19 @@ void AlgorithmDispatch::reduce(Comm& comm, void* buf, size_t count, const Reduce
   reduce_binomial(comm, buf, count, reducer, root, chunking_, scratch_);
 }
 
-std::string AlgorithmDispatch::deviceAllreduce(Algorithm algorithm, Comm& comm, DevicePath& path,
-                                               const DeviceReduction& op, void* buf, size_t count) {
-  if (algorithm == Algorithm::kTorus) {
-    const GridLines lines = linesThrough(grid_, comm.size(), comm.rank());
-    device_allreduce(comm, path, op, buf, count, &grid_, chunking_);
-    return std::string("torus (rows ") + deviceRouteName(deviceRouteFor(comm.subset(lines.row))) + ", columns " +
-           deviceRouteName(deviceRouteFor(comm.subset(lines.column))) + ")";
-  }
-  device_allreduce(comm, path, op, buf, count, nullptr, chunking_);
-  return deviceRouteName(deviceRouteFor(comm));
+DeviceRoutes AlgorithmDispatch::deviceAllreduce(Algorithm algorithm, Comm& comm, DevicePath& path,
+                                                const DeviceReduction& op, void* buf, size_t count) {
+  return device_allreduce(comm, path, op, buf, count, algorithm == Algorithm::kTorus ? &grid_ : nullptr, chunking_);
 }
 
-std::string AlgorithmDispatch::deviceAllgather(Comm& comm, DevicePath& path, void* buf, const Blocks& blocks,
-                                               size_t elementSize) {
-  device_allgather(comm, path, buf, blocks, elementSize, chunking_);
-  return deviceRouteName(deviceRouteFor(comm));
+DeviceRoutes AlgorithmDispatch::deviceAllgather(Comm& comm, DevicePath& path, void* buf, const Blocks& blocks,
+                                                size_t elementSize) {
+  return DeviceRoutes{device_allgather(comm, path, buf, blocks, elementSize, chunking_), std::nullopt};
 }
 
-std::string AlgorithmDispatch::deviceReduceScatter(Comm& comm, DevicePath& path, const DeviceReduction& op, void* buf,
-                                                   const Blocks& blocks) {
-  device_reduce_scatter(comm, path, op, buf, blocks, chunking_);
-  return deviceRouteName(deviceRouteFor(comm));
+DeviceRoutes AlgorithmDispatch::deviceReduceScatter(Comm& comm, DevicePath& path, const DeviceReduction& op,
+                                                    void* buf, const Blocks& blocks) {
+  return DeviceRoutes{device_reduce_scatter(comm, path, op, buf, blocks, chunking_), std::nullopt};
 }
 
 } // namespace torus

@@ -12,6 +12,7 @@
 #include "backend/torus_config.h"
 #include "collectives/allreduce.h"
 #include "collectives/blocks.h"
+#include "collectives/device/device_collectives.h"
 #include "comm/comm.h"
 #include "comm/device_path.h"
 #include "reduce/reduce.h"
@@ -44,12 +45,11 @@ class AlgorithmDispatch {
   // The device forms (collectives/device/), on device memory through `path`: each runs by its
   // Comm's device route (arenas on one host, else staged through pinned host memory). Allreduce
   // keeps the torus grid when `algorithm` is torus; every other host algorithm maps to the flat
-  // device form. Each returns the route it took, for the debug log ("cuda_ipc", "staged", "torus
-  // (rows cuda_ipc, columns staged)").
-  std::string deviceAllreduce(Algorithm algorithm, Comm& comm, DevicePath& path, const DeviceReduction& op, void* buf,
+  // device form. Each returns the routes it took, for the debug log.
+  DeviceRoutes deviceAllreduce(Algorithm algorithm, Comm& comm, DevicePath& path, const DeviceReduction& op, void* buf,
                        size_t count);
-  std::string deviceAllgather(Comm& comm, DevicePath& path, void* buf, const Blocks& blocks, size_t elementSize);
-  std::string deviceReduceScatter(Comm& comm, DevicePath& path, const DeviceReduction& op, void* buf, const Blocks& blocks);
+  DeviceRoutes deviceAllgather(Comm& comm, DevicePath& path, void* buf, const Blocks& blocks, size_t elementSize);
+  DeviceRoutes deviceReduceScatter(Comm& comm, DevicePath& path, const DeviceReduction& op, void* buf, const Blocks& blocks);
 
  private:
   bool has(Need need, uint64_t nbytes) const;

@@ -17,14 +17,13 @@ void ProcessGroupTorus::allreduceBuffer(Algorithm algorithm, Comm& comm, DeviceC
     return;
   }
   device->attachArenas(comm);
-  const std::string route =
-      dispatch_.deviceAllreduce(algorithm, comm, device->path(), reduction.onDevice, buffer.data_ptr(), count);
-  logDeviceRoute(algorithm, route);
+  logDeviceRoute(algorithm, dispatch_.deviceAllreduce(algorithm, comm, device->path(), reduction.onDevice,
+                                                      buffer.data_ptr(), count));
 }
 
-void ProcessGroupTorus::logDeviceRoute(Algorithm algorithm, const std::string& route) const {
+void ProcessGroupTorus::logDeviceRoute(Algorithm algorithm, const DeviceRoutes& routes) const {
   if (config_.logLevel >= 2) {
-    logLine(rank_, std::string("on the device, ") + algorithmName(algorithm) + " runs as " + route);
+    logLine(rank_, std::string("on the device, ") + algorithmName(algorithm) + " runs as " + describeRoutes(routes));
   }
 }
 

@@ -121,7 +121,7 @@ class ProcessGroupTorus : public c10d::Backend {
   void allreduceBuffer(Algorithm algorithm, Comm& comm, DeviceCall* device, at::Tensor& buffer,
                        const Reduction& reduction);
   // Debug log: the device route a call on device tensors took in place of `algorithm`.
-  void logDeviceRoute(Algorithm algorithm, const std::string& route) const;
+  void logDeviceRoute(Algorithm algorithm, const DeviceRoutes& routes) const;
   // Allgathers `buffer` (contiguous) in `blocks` in place, on the host or on `device`.
   void allgatherBuffer(Algorithm algorithm, Comm& comm, DeviceCall* device, at::Tensor& buffer,
                        const Blocks& blocks);

@@ -15,40 +15,53 @@ const char* deviceRouteName(DeviceRoute route) {
   return route == DeviceRoute::kArenas ? "cuda_ipc" : "staged";
 }
 
-void device_reduce_scatter(Comm& comm, DevicePath& path, const DeviceReduction& op, void* buf, const Blocks& blocks,
-                           const Chunking& chunking) {
-  if (comm.size() == 1) {
-    return;
+std::string describeRoutes(const DeviceRoutes& routes) {
+  if (!routes.columns) {
+    return deviceRouteName(routes.rows);
   }
-  if (deviceRouteFor(comm) == DeviceRoute::kArenas) {
+  return std::string("torus (rows ") + deviceRouteName(routes.rows) + ", columns " +
+         deviceRouteName(*routes.columns) + ")";
+}
+
+DeviceRoute device_reduce_scatter(Comm& comm, DevicePath& path, const DeviceReduction& op, void* buf,
+                                  const Blocks& blocks, const Chunking& chunking) {
+  const DeviceRoute route = deviceRouteFor(comm);
+  if (comm.size() == 1) {
+    return route;
+  }
+  if (route == DeviceRoute::kArenas) {
     arena_reduce_scatter(comm, path, op, buf, blocks);
   } else {
     staged_ring_reduce_scatter(comm, path, op, buf, blocks, chunking);
   }
+  return route;
 }
 
-void device_allgather(Comm& comm, DevicePath& path, void* buf, const Blocks& blocks, size_t elementSize,
-                      const Chunking& chunking) {
+DeviceRoute device_allgather(Comm& comm, DevicePath& path, void* buf, const Blocks& blocks, size_t elementSize,
+                             const Chunking& chunking) {
+  const DeviceRoute route = deviceRouteFor(comm);
   if (comm.size() == 1) {
-    return;
+    return route;
   }
-  if (deviceRouteFor(comm) == DeviceRoute::kArenas) {
+  if (route == DeviceRoute::kArenas) {
     arena_allgather(comm, path, buf, blocks, elementSize);
   } else {
     staged_ring_allgather(comm, path, buf, blocks, elementSize, chunking, false);
   }
+  return route;
 }
 
 namespace {
 
-void flatAllreduce(Comm& comm, DevicePath& path, const DeviceReduction& op, void* buf, size_t count,
-                   const Chunking& chunking) {
+DeviceRoute flatAllreduce(Comm& comm, DevicePath& path, const DeviceReduction& op, void* buf, size_t count,
+                          const Chunking& chunking) {
+  const DeviceRoute route = deviceRouteFor(comm);
   if (comm.size() == 1) {
-    return;
+    return route;
   }
   const Blocks blocks = evenBlocks(count, comm.size());
   const size_t elementSize = torus::elementSize(op.dtype);
-  if (deviceRouteFor(comm) == DeviceRoute::kArenas) {
+  if (route == DeviceRoute::kArenas) {
     arena_reduce_scatter(comm, path, op, buf, blocks);
     arena_allgather(comm, path, buf, blocks, elementSize);
   } else {
@@ -56,25 +69,27 @@ void flatAllreduce(Comm& comm, DevicePath& path, const DeviceReduction& op, void
     staged_ring_reduce_scatter(comm, path, op, buf, blocks, chunking);
     staged_ring_allgather(comm, path, buf, blocks, elementSize, chunking, true);
   }
+  return route;
 }
 
 } // namespace
 
-void device_allreduce(Comm& comm, DevicePath& path, const DeviceReduction& op, void* buf, size_t count,
-                      const TorusGrid* grid, const Chunking& chunking) {
+DeviceRoutes device_allreduce(Comm& comm, DevicePath& path, const DeviceReduction& op, void* buf, size_t count,
+                              const TorusGrid* grid, const Chunking& chunking) {
   if (grid == nullptr || grid->rows.size() <= 1 || grid->rows.front().size() <= 1) {
-    flatAllreduce(comm, path, op, buf, count, chunking);
-    return;
+    return DeviceRoutes{flatAllreduce(comm, path, op, buf, count, chunking), std::nullopt};
   }
   const GridLines lines = linesThrough(*grid, comm.size(), comm.rank());
   Comm row = comm.subset(lines.row);
   Comm column = comm.subset(lines.column);
   const Blocks blocks = evenBlocks(count, row.size());
   const size_t elementSize = torus::elementSize(op.dtype);
-  device_reduce_scatter(row, path, op, buf, blocks, chunking);
-  flatAllreduce(column, path, op, static_cast<char*>(buf) + blocks.offsets[row.rank()] * elementSize,
-                blocks.counts[row.rank()], chunking);
+  const DeviceRoute rows = device_reduce_scatter(row, path, op, buf, blocks, chunking);
+  const DeviceRoute columns =
+      flatAllreduce(column, path, op, static_cast<char*>(buf) + blocks.offsets[row.rank()] * elementSize,
+                    blocks.counts[row.rank()], chunking);
   device_allgather(row, path, buf, blocks, elementSize, chunking);
+  return DeviceRoutes{rows, columns};
 }
 
 } // namespace torus

@@ -6,6 +6,8 @@
 #pragma once
 
 #include <cstddef>
+#include <optional>
+#include <string>
 
 #include "collectives/blocks.h"
 #include "collectives/torus_allreduce.h"
@@ -24,17 +26,26 @@ DeviceRoute deviceRouteFor(const Comm& comm);
 // "cuda_ipc", "staged": what the debug log names.
 const char* deviceRouteName(DeviceRoute route);
 
+// The routes a device allreduce took: `flat` for the whole Comm, or with a grid its rows' and
+// its columns' routes.
+struct DeviceRoutes {
+  DeviceRoute rows;
+  std::optional<DeviceRoute> columns;
+};
+// "staged", "torus (rows cuda_ipc, columns staged)".
+std::string describeRoutes(const DeviceRoutes& routes);
+
 // In place: block comm.rank() of buf ends reduced over all ranks; other blocks unspecified.
-void device_reduce_scatter(Comm& comm, DevicePath& path, const DeviceReduction& op, void* buf, const Blocks& blocks,
+DeviceRoute device_reduce_scatter(Comm& comm, DevicePath& path, const DeviceReduction& op, void* buf, const Blocks& blocks,
                            const Chunking& chunking);
 // Every rank's block comm.rank() of buf ends in every rank's buf.
-void device_allgather(Comm& comm, DevicePath& path, void* buf, const Blocks& blocks, size_t elementSize,
+DeviceRoute device_allgather(Comm& comm, DevicePath& path, void* buf, const Blocks& blocks, size_t elementSize,
                       const Chunking& chunking);
 // In place: buf (count elements) ends holding the reduction over all ranks of comm: a
 // reduce-scatter over even blocks, then an allgather, by comm's route; with a grid (nullptr:
 // none), reduce-scatter along this rank's row, allreduce of its row block along its column,
-// allgather along the row.
-void device_allreduce(Comm& comm, DevicePath& path, const DeviceReduction& op, void* buf, size_t count,
+// allgather along the row. Returns the routes it took.
+DeviceRoutes device_allreduce(Comm& comm, DevicePath& path, const DeviceReduction& op, void* buf, size_t count,
                       const TorusGrid* grid, const Chunking& chunking);
 
 } // namespace torus
