@@ -7,6 +7,9 @@ The CUDA path (csrc/**/*.cu and the C++ under csrc/**/cuda/) is compiled in when
 and a CUDA toolkit is found; otherwise the extension is built CPU-only from the other sources.
 TORUS_BUILD_CUDA=0 forces the CPU-only build (e.g. a toolkit whose major version differs from
 torch's, which torch's build refuses), TORUS_BUILD_CUDA=1 makes a missing CUDA an error.
+
+TORUS_SANITIZE=address or thread builds the C++ with AddressSanitizer or ThreadSanitizer, for
+the sanitizer runs in tests/README.md (python then needs the sanitizer's runtime preloaded).
 """
 
 import glob
@@ -19,6 +22,14 @@ from torch.utils.cpp_extension import CUDA_HOME, BuildExtension, CppExtension, C
 ROOT = os.path.dirname(os.path.abspath(__file__))
 # No -std: torch's build adds the standard its headers need (C++17 up to torch 2.11, C++20 since).
 CXX_FLAGS = ["-O3", "-Wall", "-Wno-unused-parameter"]
+LINK_FLAGS = []
+SANITIZER = os.environ.get("TORUS_SANITIZE", "")
+if SANITIZER not in ("", "address", "thread"):
+    raise SystemExit(f"TORUS_SANITIZE={SANITIZER!r}: expected address or thread (or unset)")
+if SANITIZER:
+    CXX_FLAGS = ["-O1", "-g", "-fno-omit-frame-pointer", f"-fsanitize={SANITIZER}", "-Wall", "-Wno-unused-parameter"]
+    LINK_FLAGS = [f"-fsanitize={SANITIZER}"]
+    print(f"torch-torus: building with -fsanitize={SANITIZER}")
 
 
 def sources_matching(*patterns):
@@ -72,6 +83,7 @@ if build_cuda():
         define_macros=[("TORUS_WITH_CUDA", "1")],
         # No --use_fast_math: AVG divides exactly, as the CPU path does.
         extra_compile_args={"cxx": CXX_FLAGS, "nvcc": ["-O3"]},
+        extra_link_args=LINK_FLAGS,
     )
 else:
     extension = CppExtension(
@@ -79,6 +91,7 @@ else:
         sources=cpp_sources,
         include_dirs=include_dirs,
         extra_compile_args=CXX_FLAGS,
+        extra_link_args=LINK_FLAGS,
     )
 
 setup(

@@ -63,6 +63,8 @@ PYBIND11_MODULE(_C, module) {
   // Constants the cost model and the tuner must share with the algorithms.
   module.attr("CHUNKS_IN_FLIGHT") = torus::kChunksInFlight;
   module.attr("DEFAULT_CHUNK_BYTES") = torus::Chunking().chunkBytes;
+  module.attr("DEFAULT_EAGER_BYTES") = torus::MessageOptions().eagerBytes;
+  module.attr("DEFAULT_EAGER_WINDOW") = torus::MessageOptions().eagerWindowBytes;
   module.attr("SHM_SLOT_BYTES") = torus::SharedMemory::kSlotBytes;
 
   py::class_<torus::AlgorithmRule>(module, "AlgorithmRule")
@@ -79,6 +81,8 @@ PYBIND11_MODULE(_C, module) {
       .def_readwrite("transport", &torus::TorusConfig::transport)
       .def_readwrite("address", &torus::TorusConfig::address)
       .def_readwrite("chunk_bytes", &torus::TorusConfig::chunkBytes)
+      .def_readwrite("eager_bytes", &torus::TorusConfig::eagerBytes)
+      .def_readwrite("eager_window", &torus::TorusConfig::eagerWindowBytes)
       .def_readwrite("algorithms", &torus::TorusConfig::algorithms)
       .def_readwrite("torus_rows", &torus::TorusConfig::torusRows)
       .def_readwrite("torus_inner", &torus::TorusConfig::torusInner)

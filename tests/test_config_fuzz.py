@@ -57,6 +57,9 @@ BAD: dict[str, list[str]] = {
     "TORUS_CHUNK_BYTES": ["", " ", "0", "0K", "-5", "-1K", "lots", "1.5M", "1e6", "0x100", "+4096", "4T",
                           "4 MB extra", "K", "KiB", "99999999999999999999999", "99999999999G", "1025G",
                           str(1 << 63), str(1 << 64), "٥١٢", "５１２", "512\x00", "512K\u200b", "\udcff"],
+    "TORUS_EAGER_BYTES": ["", " ", "-1", "-1K", "lots", "0.5M", "1e6", "0x100", "4T", "1025G", "K", str(1 << 64),
+                          "٥١٢", "512K\u200b", "\udcff"],
+    "TORUS_EAGER_WINDOW": ["", "-4M", "many", "4 MB extra", "2000G", "4M\x00", "\udcff"],
     "TORUS_SOCKET_IFNAME": ["no-such-if0", "lo;eth0", "lo\x00", "\udcff", "l" * 300, "*"],
     "TORUS_TUNING_FILE": ["/no/such/file.json", "/", "/dev/null", "/dev/zero", "/proc", "a\x00b", "\x07",
                           "file\udcff"],
@@ -80,6 +83,8 @@ GOOD: dict[str, list[str]] = {
     "TORUS_TRANSPORT": ["auto", "tcp", "shm", " TCP "],
     "TORUS_HOST_ID": ["", "node17", "node17|rack3", " padded ", "höst-ü", "主机"],
     "TORUS_CHUNK_BYTES": ["512K", "4096", "1M", "1m", "64KiB", "2g", "1 K", " 8192 ", "1024G", "1"],
+    "TORUS_EAGER_BYTES": ["512K", "0", "1", "64KiB", " 1M ", "1024G"],
+    "TORUS_EAGER_WINDOW": ["4M", "0", "64K", "1g", " 8192 "],
     "TORUS_SOCKET_IFNAME": ["", " "] + (["lo"] if "lo" in IFNAMES else []),
     "TORUS_TUNING_FILE": [""],  # a real file is added by the tuning_file fixture
     "TORUS_LINK_BANDWIDTH": ["10gbit", "1Gbit/s", "300mbit", "1.5gbit", " 100gbit ", "25gbitps", "800kbit",

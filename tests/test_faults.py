@@ -151,7 +151,7 @@ def _run_kind(kind: str, rank: int, world_size: int) -> None:
         raise ValueError(kind)
 
 
-def _killed_rank(rank, world_size, path, transport, kind, victim, queue, done, allreduce):
+def _killed_rank(rank, world_size, path, transport, kind, victim, queue, done, allreduce, fork_child):
     os.environ["TORUS_TRANSPORT"] = transport
     os.environ["TORUS_ALLREDUCE"] = allreduce
     if transport == "auto":
@@ -164,6 +164,10 @@ def _killed_rank(rank, world_size, path, transport, kind, victim, queue, done, a
                             timeout=datetime.timedelta(seconds=120))
     _run_kind(kind, rank, world_size)
     if rank == victim:
+        if fork_child and os.fork() == 0:
+            # A DataLoader worker, say: it outlives the rank and must not keep its connections.
+            time.sleep(60)
+            os._exit(0)
         os.kill(os.getpid(), signal.SIGKILL)
     start = time.monotonic()
     try:
@@ -205,13 +209,20 @@ def test_killed_rank_fails_the_others_in_each_shm_allreduce(tmp_path, allreduce)
     _killed_rank_fails_the_others(tmp_path, "shm", "all_reduce", victim=2, allreduce=allreduce)
 
 
-def _killed_rank_fails_the_others(tmp_path, transport, kind, victim, allreduce="auto"):
+@pytest.mark.parametrize("kind", ["all_reduce", "send_recv"])
+def test_killed_rank_with_a_forked_child_fails_the_others(backend, tmp_path, kind):
+    """The dead rank's child (forked after the group was made) lives on: the others must still
+    see the rank go at once."""
+    _killed_rank_fails_the_others(tmp_path, _transports(backend), kind, victim=2, fork_child=True)
+
+
+def _killed_rank_fails_the_others(tmp_path, transport, kind, victim, allreduce="auto", fork_child=False):
     world_size = 3
     context = multiprocessing.get_context("spawn")
     queue, done = context.Queue(), context.Event()
     procs = [context.Process(target=_killed_rank,
                              args=(r, world_size, str(tmp_path / "store"), transport, kind, victim, queue, done,
-                                   allreduce))
+                                   allreduce, fork_child))
              for r in range(world_size)]
     for p in procs:
         p.start()

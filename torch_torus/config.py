@@ -32,6 +32,8 @@ TRANSPORTS = ("auto", "tcp", "shm")
 LOG_LEVELS = ("warn", "info", "debug")
 MAX_BYTES = (1 << 64) - 1  # "max" in a rule: no upper bound
 DEFAULT_CHUNK_BYTES = algorithms.DEFAULT_CHUNK_BYTES
+DEFAULT_EAGER_BYTES = algorithms.DEFAULT_EAGER_BYTES
+DEFAULT_EAGER_WINDOW = algorithms.DEFAULT_EAGER_WINDOW
 # The largest chunk: far beyond any useful pipelining, and small enough that the algorithms'
 # segment arithmetic (ranks x chunks in flight x chunk bytes) cannot overflow 64 bits.
 MAX_CHUNK_BYTES = 1 << 40
@@ -49,6 +51,17 @@ def _positive_bytes(text: str) -> int:
     if value <= 0:
         raise ValueError("must be greater than zero")
     return value
+
+
+def _byte_count(text: str) -> int:
+    return parse_size(text, MAX_CHUNK_BYTES)
+
+
+def _render_size(value: int) -> str:
+    for shift, suffix in ((30, "G"), (20, "M"), (10, "K")):
+        if value and value % (1 << shift) == 0:
+            return f"{value >> shift}{suffix}"
+    return str(value)
 
 
 def _one_of(choices: tuple[str, ...]) -> Callable[[str], str]:
@@ -235,6 +248,23 @@ SETTINGS: tuple[Setting, ...] = (
         _positive_bytes,
         "Largest message a pipelined algorithm sends at once (suffixes K, M, G; at most 1024G); the "
         "transfer of one chunk overlaps the reduction of the previous one.",
+    ),
+    Setting(
+        "TORUS_EAGER_BYTES",
+        _render_size(DEFAULT_EAGER_BYTES),
+        _byte_count,
+        "Largest message a rank sends before the receiver has posted its receive; larger ones "
+        "wait in the sender's buffer until it has (as do all messages past TORUS_EAGER_WINDOW). 0: "
+        "every non-empty message waits.",
+        _render_size,
+    ),
+    Setting(
+        "TORUS_EAGER_WINDOW",
+        _render_size(DEFAULT_EAGER_WINDOW),
+        _byte_count,
+        "Most payload a rank holds per peer for messages it has not asked for yet (the bound on a "
+        "receiver's memory when a sender runs ahead); a sender past it waits for the receive.",
+        _render_size,
     ),
     Setting(
         "TORUS_SOCKET_IFNAME",

@@ -48,6 +48,9 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupTorus::postPointToPoint(c10d::OpType 
     }
     request = transport_->irecv(peer, wireTag, CallSignature{}, buffer.data_ptr(), bytesOf(buffer));
   }
+  // The Work may go before the request completes (an irecv nobody waits on): the transport then
+  // still owns the buffer.
+  request->holdBuffer(std::make_shared<at::Tensor>(buffer));
   return c10::make_intrusive<TorusP2PWork>(rank_, type, title, transport_, request, tensor, buffer, timeout_.load(), context,
                                            failure_);
 }

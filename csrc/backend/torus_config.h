@@ -9,6 +9,7 @@
 
 #include "backend/algorithm_catalog.h"
 #include "comm/comm.h"
+#include "transport/message_options.h"
 
 namespace torus {
 
@@ -24,6 +25,9 @@ struct TorusConfig {
   std::string transport = "tcp";
   std::string address = "127.0.0.1";
   int64_t chunkBytes = static_cast<int64_t>(Chunking().chunkBytes);
+  // The message layer's flow control (MessageOptions).
+  uint64_t eagerBytes = MessageOptions().eagerBytes;
+  uint64_t eagerWindowBytes = MessageOptions().eagerWindowBytes;
   // Per collective ("allreduce", "allgather", "reduce_scatter", "broadcast"), rules that cover
   // every size: the user's TORUS_<COLLECTIVE> rules with the gaps filled by the automatic choice.
   // A collective without rules uses its first algorithm in the catalog.

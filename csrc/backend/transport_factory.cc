@@ -45,11 +45,13 @@ GroupTransport buildTransport(const c10::intrusive_ptr<c10d::Store>& store, int 
   }
   StoreRendezvous rendezvous(store);
   try {
+    const MessageOptions messages{config.eagerBytes, config.eagerWindowBytes};
     TcpOptions tcp;
     tcp.address = config.address;
     tcp.timeout = timeout;
+    tcp.messages = messages;
     if (config.transport == "shm") {
-      auto shm = std::make_shared<ShmTransport>(rank, size, rendezvous);
+      auto shm = std::make_shared<ShmTransport>(rank, size, rendezvous, std::vector<int>{}, messages);
       group.description = std::string("shared memory (") +
                           (shm->singleCopy() ? "single-copy transfers" : "no single-copy transfers: two_shot off") +
                           ")";
@@ -58,7 +60,7 @@ GroupTransport buildTransport(const c10::intrusive_ptr<c10d::Store>& store, int 
       TORUS_CHECK_ARG(!hostMembers.empty(), "transport shm+tcp needs the ranks' hosts");
       group.transport = std::make_shared<HybridTransport>(
           std::make_unique<TcpTransport>(rank, size, rendezvous, tcp),
-          std::make_unique<ShmTransport>(rank, size, rendezvous, hostMembers), group.sameHost);
+          std::make_unique<ShmTransport>(rank, size, rendezvous, hostMembers, messages), group.sameHost);
       group.description = "shared memory inside each host, tcp between hosts (" + config.address + ")";
     } else {
       group.transport = std::make_shared<TcpTransport>(rank, size, rendezvous, tcp);

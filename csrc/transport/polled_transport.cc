@@ -59,6 +59,24 @@ void PolledTransport::wait(const std::vector<RequestPtr>& requests, Deadline dea
   }
 }
 
+// Holds the driving role for one progress() call, and gives it up on every path: a throw out
+// of progress() (bad_alloc, a failed syscall) must not leave every other waiter sleeping until
+// its deadline.
+struct PolledTransport::Progressing {
+  PolledTransport& transport;
+  explicit Progressing(PolledTransport& t) : transport(t) {
+    transport.progressing_ = true;
+  }
+  ~Progressing() {
+    transport.progressing_ = false;
+    transport.progressed_.notify_all();
+  }
+};
+
+PolledTransport::~PolledTransport() {
+  stopHelper();
+}
+
 bool PolledTransport::waitFor(const std::vector<RequestPtr>& requests, Deadline until) {
   std::unique_lock<std::mutex> lock(mutex_);
   for (bool first = true;; first = false) {
@@ -75,30 +93,30 @@ bool PolledTransport::waitFor(const std::vector<RequestPtr>& requests, Deadline 
       return false;
     }
     if (!progressing_) {
-      // Reset on every path: a throw out of progress() (bad_alloc, a failed syscall) must not
-      // leave every other waiter sleeping until its deadline.
-      struct Progressing {
-        PolledTransport& transport;
-        explicit Progressing(PolledTransport& t) : transport(t) {
-          transport.progressing_ = true;
-        }
-        ~Progressing() {
-          transport.progressing_ = false;
-          transport.progressed_.notify_all();
-        }
-      } progressing(*this);
+      ++progressRuns_;
+      Progressing progressing(*this);
       progress(lock, until);
     } else {
+      const bool takeOver = helperDriving_;
+      if (takeOver) {
+        ++waitersWanting_;
+        wakeSleeper();
+      }
       progressed_.wait_until(lock, std::min(until, Clock::now() + std::chrono::seconds(1)));
+      if (takeOver) {
+        --waitersWanting_;
+      }
     }
   }
 }
 
-
 void PolledTransport::poke() {
   std::unique_lock<std::mutex> lock(mutex_);
-  if (!progressing_ && tryAll()) {
-    progressed_.notify_all();
+  if (!progressing_) {
+    ++progressRuns_;
+    if (tryAll()) {
+      progressed_.notify_all();
+    }
   }
 }
 
@@ -106,10 +124,50 @@ bool PolledTransport::test(const RequestPtr& request) {
   std::unique_lock<std::mutex> lock(mutex_);
   const auto& op = static_cast<const PendingOp&>(*request);
   if (!op.complete && !progressing_) {
+    ++progressRuns_;
     tryAll();
   }
   throwIfFailed(op);
   return op.complete;
+}
+
+void PolledTransport::startHelper() {
+  helper_ = std::thread([this] { helperLoop(); });
+}
+
+void PolledTransport::stopHelper() {
+  if (!helper_.joinable()) {
+    return;
+  }
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    stopping_ = true;
+    if (helperDriving_) {
+      wakeSleeper();
+    }
+  }
+  helperWake_.notify_all();
+  helper_.join();
+}
+
+void PolledTransport::helperLoop() {
+  std::unique_lock<std::mutex> lock(mutex_);
+  uint64_t seen = progressRuns_;
+  while (!stopping_) {
+    helperWake_.wait_for(lock, kUnattended);
+    const bool unattended = !stopping_ && !progressing_ && progressRuns_ == seen && hasPending();
+    seen = progressRuns_;
+    if (!unattended) {
+      continue;
+    }
+    helperDriving_ = true;
+    while (!stopping_ && !progressing_ && waitersWanting_ == 0 && hasPending()) {
+      Progressing progressing(*this);
+      progress(lock, Clock::now() + kUnattended);
+    }
+    helperDriving_ = false;
+    seen = progressRuns_;
+  }
 }
 
 bool PolledTransport::spinBriefly(std::unique_lock<std::mutex>& lock) {

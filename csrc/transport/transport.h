@@ -74,11 +74,6 @@ class CommError : public std::runtime_error {
 
 // Tags: collectives use their sequence number; point-to-point calls use kP2PTagBase + user tag.
 constexpr uint64_t kP2PTagBase = uint64_t(1) << 62;
-// A transport's own message to a peer it has waited on for a while: "I wait for you in the
-// collective tagged <payload> with this call". A peer that runs another call there fails with
-// kMismatch; otherwise ranks that disagree but exchange no message at all would wait out their
-// timeouts.
-constexpr uint64_t kProbeTag = UINT64_MAX - 2;
 constexpr int kAnyPeer = -1;
 
 class SharedMemory;
@@ -89,6 +84,15 @@ class Request {
   virtual ~Request() = default;
   // The peer this request exchanged with (for a receive from any peer, the one that matched).
   virtual int peer() const = 0;
+  // Keeps `owner` (whatever owns the request's buffer) alive for as long as the transport holds
+  // the request, so that a caller that drops a request before it completes frees nothing the
+  // transport may still read or write.
+  void holdBuffer(std::shared_ptr<const void> owner) {
+    bufferOwner_ = std::move(owner);
+  }
+
+ private:
+  std::shared_ptr<const void> bufferOwner_;
 };
 using RequestPtr = std::shared_ptr<Request>;
 

@@ -99,7 +99,7 @@ class ShmTransport::Members : public SharedMemory {
 std::shared_ptr<SharedMemory> ShmTransport::sharedMemory(const std::vector<int>& members,
                                                         std::shared_ptr<TrafficCounters> traffic) {
   const bool reachesAll = std::all_of(members.begin(), members.end(), [this](int rank) { return connects(rank); });
-  if (!reachesAll || std::find(members.begin(), members.end(), rank_) == members.end()) {
+  if (!reachesAll || std::find(members.begin(), members.end(), rank()) == members.end()) {
     return nullptr;
   }
   return std::make_shared<Members>(*this, members, std::move(traffic));

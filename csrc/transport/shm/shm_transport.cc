@@ -26,19 +26,6 @@ constexpr size_t kLine = 64;
 // The longest a wait sleeps before it checks that its peers are alive.
 constexpr auto kLivenessPeriod = std::chrono::milliseconds(100);
 
-enum MessageKind : uint32_t { kEager = 1, kSingleCopy = 2, kAck = 3 };
-
-// One ring entry's header; eager payloads follow it, padded to whole lines.
-struct alignas(kLine) MessageHeader {
-  uint64_t tag;
-  uint64_t nbytes;
-  uint64_t address; // kSingleCopy: where the payload is in the sender's memory
-  uint64_t sequence; // kSingleCopy and kAck: which single-copy send this is
-  CallSignature call;
-  uint32_t kind;
-};
-static_assert(sizeof(MessageHeader) == kLine, "ring entries stay line-aligned");
-
 // One posting cell: what the segment's owner announced to one peer for their collective `epoch`.
 struct alignas(kLine) SharedPosting {
   std::atomic<uint64_t> epoch; // counted per pair of ranks
@@ -48,8 +35,6 @@ struct alignas(kLine) SharedPosting {
   uint64_t tag;
   CallSignature call;
 };
-
-constexpr size_t kFaultTextBytes = 1024;
 
 struct ControlBlock {
   uint64_t magic;
@@ -63,6 +48,8 @@ struct ControlBlock {
   std::atomic<uint32_t> sleepers;
   // Peers that finished reading each one-shot slot, ever.
   alignas(kLine) std::atomic<uint64_t> slotReleases[2];
+  // Peers copying to or from the owner's memory right now (guardedCrossCopy).
+  alignas(kLine) std::atomic<uint32_t> crossCopiers;
 };
 
 // Deliveries into the segment's owner from one peer, ever.
@@ -116,6 +103,14 @@ void futexWake(std::atomic<uint32_t>* word) {
   ::syscall(SYS_futex, reinterpret_cast<uint32_t*>(word), FUTEX_WAKE, INT_MAX, nullptr, nullptr, 0);
 }
 
+// Tells the owner of `control` that something it may wait for changed, waking it if it sleeps.
+void ringDoorbell(ControlBlock* control) {
+  control->doorbell.fetch_add(1, std::memory_order_seq_cst);
+  if (control->sleepers.load(std::memory_order_seq_cst) > 0) {
+    futexWake(&control->doorbell);
+  }
+}
+
 std::chrono::nanoseconds sleepFor(Deadline deadline) {
   auto left = deadline == Deadline::max() ? std::chrono::nanoseconds(kLivenessPeriod) : deadline - Clock::now();
   return std::max(std::chrono::nanoseconds(0),
@@ -153,6 +148,31 @@ bool crossCopy(int pid, char* local, uint64_t remote, size_t nbytes, bool read) 
   return true;
 }
 
+// Moves nbytes between this process's `local` and the memory of the peer whose control block is
+// `peer` (its pid `pid`), unless the peer has given up on the group: its abort() then waits for
+// copies under way, so that it frees no buffer a copy still touches. Throws CommError naming
+// `peerRank` when the peer gave up or the kernel refuses.
+void guardedCrossCopy(ControlBlock* peer, int pid, int peerRank, char* local, uint64_t remote, size_t nbytes,
+                      bool read) {
+  peer->crossCopiers.fetch_add(1, std::memory_order_seq_cst);
+  const bool gaveUp = peer->faulted.load(std::memory_order_seq_cst) != 0;
+  const bool copied = !gaveUp && crossCopy(pid, local, remote, nbytes, read);
+  const int err = errno;
+  peer->crossCopiers.fetch_sub(1, std::memory_order_release);
+  if (gaveUp) {
+    throw CommError(CommError::Kind::kPeer, "rank " + std::to_string(peerRank) + " gave up on the group: " +
+                                                std::string(peer->faultText, ::strnlen(peer->faultText, kFaultTextBytes)));
+  }
+  if (!copied) {
+    errno = err;
+    throw CommError(CommError::Kind::kPeer, systemError(std::string("cannot ") + (read ? "read" : "write") + " rank " +
+                                                        std::to_string(peerRank) + "'s memory"));
+  }
+}
+
+// How long abort() waits for peers' copies from or into this rank's memory to finish.
+constexpr auto kCrossCopyDrain = std::chrono::seconds(2);
+
 } // namespace
 
 // A mapping of one rank's segment (this rank's own, or a peer's).
@@ -185,8 +205,72 @@ struct ShmTransport::Segment {
   }
 };
 
-struct ShmTransport::Op : PendingOp {
-  MessageHeader header{};
+// The message layer's Link to one peer: this rank's ring in the peer's segment out, the peer's
+// ring in this rank's segment in, and the peer's memory by process_vm_readv.
+class ShmTransport::RingLink : public Link {
+ public:
+  RingLink(SharedRing* out, SharedRing* in, ControlBlock* peerControl, int pid, int peerRank, bool peerReads)
+      : out_(out), in_(in), peerControl_(peerControl), pid_(pid), peerRank_(peerRank), peerReads_(peerReads) {}
+
+  size_t write(const iovec* parts, int count) override {
+    size_t wanted = 0;
+    for (int i = 0; i < count; ++i) {
+      wanted += parts[i].iov_len;
+    }
+    uint64_t free = kRingBytes - (sendPos_ - out_->tail.load(std::memory_order_acquire));
+    if (free < wanted) {
+      // Ask the consumer to ring us when it frees space, then look again in case it just did.
+      out_->producerWaiting.store(1, std::memory_order_seq_cst);
+      free = kRingBytes - (sendPos_ - out_->tail.load(std::memory_order_seq_cst));
+    }
+    size_t took = 0;
+    for (int i = 0; i < count && free > 0; ++i) {
+      const size_t n = std::min<size_t>(free, parts[i].iov_len);
+      copyIn(out_->data, sendPos_, static_cast<const char*>(parts[i].iov_base), n);
+      sendPos_ += n;
+      free -= n;
+      took += n;
+    }
+    return took;
+  }
+
+  ssize_t read(char* dst, size_t n) override {
+    const uint64_t available = in_->head.load(std::memory_order_acquire) - recvPos_;
+    const size_t got = std::min<uint64_t>(n, available);
+    copyOut(dst, in_->data, recvPos_, got);
+    recvPos_ += got;
+    return static_cast<ssize_t>(got);
+  }
+
+  void flush() override {
+    out_->head.store(sendPos_, std::memory_order_release);
+    ringDoorbell(peerControl_);
+  }
+
+  void consumed() override {
+    in_->tail.store(recvPos_, std::memory_order_seq_cst);
+    if (in_->producerWaiting.exchange(0, std::memory_order_seq_cst) != 0) {
+      ringDoorbell(peerControl_);
+    }
+  }
+
+  size_t peerReadsAbove() const override {
+    return peerReads_ ? kSingleCopyBytes : SIZE_MAX;
+  }
+
+  void readPeerMemory(uint64_t address, char* dst, size_t n) override {
+    guardedCrossCopy(peerControl_, pid_, peerRank_, dst, address, n, true);
+  }
+
+ private:
+  SharedRing* out_;
+  SharedRing* in_;
+  ControlBlock* peerControl_;
+  int pid_;
+  int peerRank_;
+  bool peerReads_;
+  uint64_t sendPos_ = 0;
+  uint64_t recvPos_ = 0;
 };
 
 struct ShmTransport::Peer {
@@ -196,38 +280,7 @@ struct ShmTransport::Peer {
   Segment segment;
   // The peer reads single-copy messages from this process.
   bool readsSingleCopy = false;
-  std::string failure;
-
-  // Sending: entries go into the ring this rank owns in the peer's segment, in order; the head
-  // entry may be partly written (an eager payload larger than the free space).
-  std::deque<std::shared_ptr<Op>> sends;
-  size_t headWritten = 0; // of the head entry, header included
-  uint64_t sendPos = 0;
-  uint64_t nextSequence = 0;
-  std::map<uint64_t, std::shared_ptr<Op>> awaitingAck;
-
-  // Receiving from the peer's ring in this rank's segment.
-  uint64_t recvPos = 0;
-  bool inPayload = false;
-  MessageHeader header{};
-  size_t payloadRead = 0; // padding included
-  std::shared_ptr<Op> target;
-  bool discard = false;
-  std::vector<char> holding;
-
-  // Messages nobody asked for yet: eager payloads, or single-copy descriptors (header only).
-  struct Held {
-    MessageHeader header;
-    std::vector<char> payload;
-  };
-  std::map<uint64_t, std::deque<std::shared_ptr<Op>>> posted;
-  std::map<uint64_t, std::deque<Held>> arrived;
-
-  // The last collective this rank sent the peer a probe about.
-  uint64_t probedTag = UINT64_MAX;
-
-  SharedRing* outRing = nullptr; // in the peer's segment
-  SharedRing* inRing = nullptr; // in this rank's segment
+  std::unique_ptr<RingLink> link;
 
   ~Peer() {
     if (pidfd >= 0) {
@@ -236,9 +289,9 @@ struct ShmTransport::Peer {
   }
 };
 
-ShmTransport::ShmTransport(int rank, int size, Rendezvous& rendezvous, std::vector<int> members)
-    : rank_(rank),
-      size_(size),
+ShmTransport::ShmTransport(int rank, int size, Rendezvous& rendezvous, std::vector<int> members,
+                           MessageOptions messages)
+    : MessageTransport(rank, size, messages),
       self_(std::make_unique<Segment>()),
       peers_(static_cast<size_t>(size)),
       epochsWith_(static_cast<size_t>(size), 0),
@@ -248,9 +301,11 @@ ShmTransport::ShmTransport(int rank, int size, Rendezvous& rendezvous, std::vect
     std::iota(members.begin(), members.end(), 0);
   }
   connectAll(rendezvous, members);
+  startHelper();
 }
 
 ShmTransport::~ShmTransport() {
+  stopHelper();
   if (self_->base != nullptr) {
     self_->control()->left.store(1, std::memory_order_seq_cst);
     for (auto& peer : peers_) {
@@ -262,8 +317,8 @@ ShmTransport::~ShmTransport() {
 }
 
 void ShmTransport::connectAll(Rendezvous& rendezvous, const std::vector<int>& members) {
-  const size_t bytes = segmentBytes(size_);
-  int fd = ::memfd_create(("torus-rank" + std::to_string(rank_)).c_str(), MFD_CLOEXEC);
+  const size_t bytes = segmentBytes(size());
+  int fd = ::memfd_create(("torus-rank" + std::to_string(rank())).c_str(), MFD_CLOEXEC);
   if (fd < 0) {
     throw CommError(CommError::Kind::kPeer, systemError("torus: memfd_create"));
   }
@@ -282,16 +337,16 @@ void ShmTransport::connectAll(Rendezvous& rendezvous, const std::vector<int>& me
   }
   self_->base = static_cast<char*>(base);
   self_->bytes = bytes;
-  self_->groupSize = size_;
+  self_->groupSize = size();
   self_->control()->magic = kSegmentMagic;
   self_->control()->pid = static_cast<int32_t>(::getpid());
   std::ostringstream mine;
   mine << ::getpid() << ' ' << fd << ' ' << bytes << ' ' << reinterpret_cast<uintptr_t>(base);
-  rendezvous.set("shm/" + std::to_string(rank_), mine.str());
+  rendezvous.set("shm/" + std::to_string(rank()), mine.str());
 
   bool readsAll = true;
   for (int r : members) {
-    if (r == rank_) {
+    if (r == rank()) {
       continue;
     }
     auto peer = std::make_unique<Peer>();
@@ -305,7 +360,7 @@ void ShmTransport::connectAll(Rendezvous& rendezvous, const std::vector<int>& me
     int mapped = ::open(path.c_str(), O_RDWR | O_CLOEXEC);
     if (mapped < 0) {
       throw CommError(CommError::Kind::kPeer,
-                      systemError("torus: rank " + std::to_string(rank_) + " cannot open rank " + std::to_string(r) +
+                      systemError("torus: rank " + std::to_string(rank()) + " cannot open rank " + std::to_string(r) +
                                   "'s shared memory (" + path + "); shared memory needs the ranks on one host in one "
                                   "pid namespace (TORUS_HOST_ID may have grouped ranks that are not): set "
                                   "TORUS_TRANSPORT=tcp"));
@@ -317,14 +372,12 @@ void ShmTransport::connectAll(Rendezvous& rendezvous, const std::vector<int>& me
     }
     peer->segment.base = static_cast<char*>(at);
     peer->segment.bytes = peerBytes;
-    peer->segment.groupSize = size_;
+    peer->segment.groupSize = size();
     if (peer->segment.control()->magic != kSegmentMagic) {
       throw CommError(CommError::Kind::kPeer, "torus: rank " + std::to_string(r) + "'s shared memory is not a torus "
                                               "segment");
     }
     peer->pidfd = static_cast<int>(::syscall(SYS_pidfd_open, peer->pid, 0));
-    peer->outRing = peer->segment.ring(rank_);
-    peer->inRing = self_->ring(r);
     // Can this process read the peer's memory directly? Probe with the peer's magic number.
     uint64_t probe = 0;
     readsAll = readsAll && crossCopy(peer->pid, reinterpret_cast<char*>(&probe), peerBase, sizeof(probe), true) &&
@@ -333,443 +386,121 @@ void ShmTransport::connectAll(Rendezvous& rendezvous, const std::vector<int>& me
   }
   // Every rank has mapped every segment once all have published this key, so the fds (the only
   // handles left besides the mappings) can close.
-  rendezvous.set("shm/ready/" + std::to_string(rank_), readsAll ? "1" : "0");
+  rendezvous.set("shm/ready/" + std::to_string(rank()), readsAll ? "1" : "0");
   singleCopy_ = readsAll;
   for (auto& peer : peers_) {
     if (peer) {
       peer->readsSingleCopy = rendezvous.get("shm/ready/" + std::to_string(peer->rank)) == "1";
       singleCopy_ = singleCopy_ && peer->readsSingleCopy;
+      peer->link = std::make_unique<RingLink>(peer->segment.ring(rank()), self_->ring(peer->rank),
+                                              peer->segment.control(), peer->pid, peer->rank,
+                                              peer->readsSingleCopy);
+      attach(peer->rank, peer->link.get());
     }
   }
-}
-
-RequestPtr ShmTransport::isend(int peer, uint64_t tag, const CallSignature& call, const void* buf, size_t nbytes) {
-  if (peer < 0 || peer >= size_ || peer == rank_ || !peers_[peer]) {
-    throw std::invalid_argument("torus: invalid send peer " + std::to_string(peer));
-  }
-  auto op = makeOp<Op>(this, true, peer, tag, call, buf, nbytes);
-  std::lock_guard<std::mutex> lock(mutex_);
-  Peer& p = *peers_[peer];
-  const bool singleCopy = p.readsSingleCopy && nbytes > kSingleCopyBytes;
-  op->header = MessageHeader{tag, nbytes, singleCopy ? reinterpret_cast<uint64_t>(buf) : 0,
-                             singleCopy ? ++p.nextSequence : 0, call, singleCopy ? kSingleCopy : kEager};
-  if (!abortReason_.empty()) {
-    op->fail(CommError::Kind::kAborted, abortReason_);
-  } else if (!p.failure.empty()) {
-    op->fail(CommError::Kind::kPeer, p.failure);
-  } else {
-    p.sends.push_back(op);
-    if (p.sends.size() == 1) {
-      trySend(p);
-    }
-  }
-  return op;
-}
-
-void ShmTransport::readSingleCopy(Peer& peer, Op& op, uint64_t address) {
-  if (!crossCopy(peer.pid, op.buf, address, op.nbytes, true)) {
-    op.fail(CommError::Kind::kPeer, systemError("cannot read rank " + std::to_string(peer.rank) + "'s memory"));
-    return;
-  }
-  op.complete = true;
-}
-
-void ShmTransport::queueAck(Peer& peer, uint64_t sequence) {
-  auto ack = std::make_shared<Op>();
-  ack->isSend = true;
-  ack->peerRank = peer.rank;
-  ack->header = MessageHeader{0, 0, 0, sequence, {}, kAck};
-  peer.sends.push_back(ack);
-  if (peer.sends.size() == 1) {
-    trySend(peer);
-  }
-}
-
-RequestPtr ShmTransport::irecv(int peer, uint64_t tag, const CallSignature& call, void* buf, size_t nbytes) {
-  if (peer != kAnyPeer && (peer < 0 || peer >= size_ || peer == rank_ || !peers_[peer])) {
-    throw std::invalid_argument("torus: invalid receive peer " + std::to_string(peer));
-  }
-  auto op = makeOp<Op>(this, false, peer, tag, call, buf, nbytes);
-  std::lock_guard<std::mutex> lock(mutex_);
-  if (!abortReason_.empty()) {
-    op->fail(CommError::Kind::kAborted, abortReason_);
-    return op;
-  }
-  postReceive(op, peer, tag, peers_, anyPeerReceives_, [&](Peer& p, Op& receive) {
-    auto held = popOldest(p.arrived, tag);
-    if (!held) {
-      return false;
-    }
-    receive.peerRank = p.rank;
-    if (receive.accepts(p.rank, held->header.call, held->header.nbytes)) {
-      if (held->header.kind == kSingleCopy) {
-        readSingleCopy(p, receive, held->header.address);
-      } else {
-        std::memcpy(buf, held->payload.data(), nbytes);
-        receive.complete = true;
-      }
-    }
-    if (held->header.kind == kSingleCopy) {
-      queueAck(p, held->header.sequence);
-    }
-    return true;
-  });
-  return op;
-}
-
-std::shared_ptr<ShmTransport::Op> ShmTransport::matchPosted(Peer& peer, uint64_t tag) {
-  return matchPostedReceive(peer.posted, anyPeerReceives_, tag, peer.rank);
-}
-
-bool ShmTransport::trySend(Peer& peer) {
-  bool completed = false;
-  SharedRing& ring = *peer.outRing;
-  const uint64_t start = peer.sendPos;
-  while (!peer.sends.empty() && peer.failure.empty()) {
-    Op& op = *peer.sends.front();
-    uint64_t free = kRingBytes - (peer.sendPos - ring.tail.load(std::memory_order_acquire));
-    if (free < kLine) {
-      // Ask the consumer to ring us when it frees space, then look again in case it just did.
-      ring.producerWaiting.store(1, std::memory_order_seq_cst);
-      free = kRingBytes - (peer.sendPos - ring.tail.load(std::memory_order_seq_cst));
-      if (free < kLine) {
-        break;
-      }
-    }
-    if (peer.headWritten == 0) {
-      copyIn(ring.data, peer.sendPos, reinterpret_cast<const char*>(&op.header), kLine);
-      peer.sendPos += kLine;
-      peer.headWritten = kLine;
-      free -= kLine;
-      if (op.header.kind != kEager) {
-        if (op.header.kind == kSingleCopy) {
-          peer.awaitingAck[op.header.sequence] = peer.sends.front();
-        } else {
-          completed = true;
-        }
-        op.complete = op.header.kind == kAck;
-        peer.sends.pop_front();
-        peer.headWritten = 0;
-        continue;
-      }
-    }
-    const size_t padded = roundUp(op.nbytes, kLine);
-    const size_t written = peer.headWritten - kLine;
-    const size_t n = std::min<size_t>(free, padded - written);
-    if (written < op.nbytes) {
-      copyIn(ring.data, peer.sendPos, op.buf + written, std::min(n, op.nbytes - written));
-    }
-    peer.sendPos += n;
-    peer.headWritten += n;
-    if (written + n == padded) {
-      op.complete = true;
-      completed = true;
-      peer.sends.pop_front();
-      peer.headWritten = 0;
-    } else {
-      ring.producerWaiting.store(1, std::memory_order_seq_cst);
-      if (kRingBytes - (peer.sendPos - ring.tail.load(std::memory_order_seq_cst)) == 0) {
-        break;
-      }
-    }
-  }
-  if (peer.sendPos != start) {
-    ring.head.store(peer.sendPos, std::memory_order_release);
-    this->ring(peer.rank);
-  }
-  return completed;
-}
-
-bool ShmTransport::tryRecv(Peer& peer) {
-  bool completed = false;
-  SharedRing& ring = *peer.inRing;
-  const uint64_t start = peer.recvPos;
-  uint64_t head = ring.head.load(std::memory_order_acquire);
-  while (peer.failure.empty()) {
-    uint64_t available = head - peer.recvPos;
-    if (!peer.inPayload) {
-      if (available < kLine) {
-        break;
-      }
-      MessageHeader header;
-      copyOut(reinterpret_cast<char*>(&header), ring.data, peer.recvPos, kLine);
-      peer.recvPos += kLine;
-      if (header.kind == kAck) {
-        auto it = peer.awaitingAck.find(header.sequence);
-        if (it != peer.awaitingAck.end()) {
-          it->second->complete = true;
-          peer.awaitingAck.erase(it);
-          completed = true;
-        }
-        continue;
-      }
-      auto target = header.tag == kProbeTag ? nullptr : matchPosted(peer, header.tag);
-      if (target && !target->accepts(peer.rank, header.call, header.nbytes)) {
-        completed = true;
-        if (header.kind == kSingleCopy) {
-          queueAck(peer, header.sequence);
-          continue;
-        }
-        target.reset();
-        peer.discard = true;
-      }
-      if (header.kind == kSingleCopy) {
-        if (target) {
-          readSingleCopy(peer, *target, header.address);
-          queueAck(peer, header.sequence);
-          completed = true;
-        } else {
-          peer.arrived[header.tag].push_back({header, {}});
-        }
-        continue;
-      }
-      peer.header = header;
-      peer.inPayload = true;
-      peer.payloadRead = 0;
-      peer.target = std::move(target);
-      if (!peer.target && !peer.discard) {
-        peer.holding.resize(header.nbytes);
-      }
-      available = head - peer.recvPos;
-    }
-    const size_t padded = roundUp(peer.header.nbytes, kLine);
-    const size_t n = std::min<size_t>(available, padded - peer.payloadRead);
-    if (peer.payloadRead < peer.header.nbytes && !peer.discard) {
-      char* base = peer.target ? peer.target->buf : peer.holding.data();
-      copyOut(base + peer.payloadRead, ring.data, peer.recvPos,
-              std::min(n, peer.header.nbytes - peer.payloadRead));
-    }
-    peer.recvPos += n;
-    peer.payloadRead += n;
-    if (peer.payloadRead < padded) {
-      break;
-    }
-    peer.inPayload = false;
-    if (peer.target) {
-      peer.target->complete = true;
-      peer.target.reset();
-    } else if (peer.header.tag == kProbeTag) {
-      uint64_t probed = 0;
-      std::memcpy(&probed, peer.holding.data(), std::min(peer.holding.size(), sizeof(probed)));
-      failDisagreeing(peer.rank, probed, peer.header.call);
-      peer.holding = {};
-    } else if (!peer.discard) {
-      auto late = matchPosted(peer, peer.header.tag);
-      if (late) {
-        if (late->accepts(peer.rank, peer.header.call, peer.header.nbytes)) {
-          std::memcpy(late->buf, peer.holding.data(), peer.holding.size());
-          late->complete = true;
-        }
-      } else {
-        peer.arrived[peer.header.tag].push_back({peer.header, std::move(peer.holding)});
-      }
-      peer.holding = {};
-    }
-    peer.discard = false;
-    completed = true;
-  }
-  if (peer.recvPos != start) {
-    ring.tail.store(peer.recvPos, std::memory_order_seq_cst);
-    if (ring.producerWaiting.exchange(0, std::memory_order_seq_cst) != 0) {
-      this->ring(peer.rank);
-    }
-  }
-  return completed;
 }
 
 void ShmTransport::ring(int rank) {
-  ControlBlock* control = rank == rank_ ? self_->control() : peers_[rank]->segment.control();
-  control->doorbell.fetch_add(1, std::memory_order_seq_cst);
-  if (control->sleepers.load(std::memory_order_seq_cst) > 0) {
-    futexWake(&control->doorbell);
-  }
-}
-
-void ShmTransport::failPending(Peer& peer, CommError::Kind kind, const std::string& why) {
-  for (auto& op : peer.sends) {
-    op->fail(kind, why);
-  }
-  peer.sends.clear();
-  peer.headWritten = 0;
-  for (auto& entry : peer.awaitingAck) {
-    entry.second->fail(kind, why);
-  }
-  peer.awaitingAck.clear();
-  failQueued(peer.posted, kind, why);
-  if (peer.target) {
-    peer.target->fail(kind, why);
-    peer.target.reset();
-    peer.discard = true;
-  }
-}
-
-void ShmTransport::failPeer(Peer& peer, const std::string& why) {
-  if (!peer.failure.empty()) {
-    return;
-  }
-  failEveryPeer(peers_, anyPeerReceives_, why, [&](Peer& other) { failPending(other, CommError::Kind::kPeer, why); });
-  progressed_.notify_all();
+  ringDoorbell(rank == this->rank() ? self_->control() : peers_[rank]->segment.control());
 }
 
 void ShmTransport::checkLiveness() {
   for (auto& peer : peers_) {
-    if (!peer || !peer->failure.empty()) {
+    if (!peer || !peerFailure(peer->rank).empty()) {
       continue;
     }
     if (peer->segment.control()->left.load(std::memory_order_acquire) != 0) {
       // Requests still owed by a rank that destroyed its group fail; the group lives on.
-      peer->failure = "rank " + std::to_string(peer->rank) + " left the group (destroyed its process group)";
-      failPending(*peer, CommError::Kind::kPeer, peer->failure);
+      peerLeft(peer->rank, "rank " + std::to_string(peer->rank) + " left the group (destroyed its process group)");
       continue;
     }
     pollfd pfd{peer->pidfd, POLLIN, 0};
     if (peer->pidfd >= 0 && ::poll(&pfd, 1, 0) > 0) {
-      failPeer(*peer, "rank " + std::to_string(peer->rank) + " (pid " + std::to_string(peer->pid) +
-                          ") exited: the process ended or was killed");
+      failPeer(peer->rank, "rank " + std::to_string(peer->rank) + " (pid " + std::to_string(peer->pid) +
+                               ") exited: the process ended or was killed");
     }
   }
 }
 
-std::optional<Transport::StrayMessage> ShmTransport::strayMessage(uint64_t upToTag) {
-  std::lock_guard<std::mutex> lock(mutex_);
-  for (auto& peer : peers_) {
-    if (!peer) {
-      continue;
-    }
-    if (!peer->arrived.empty() && peer->arrived.begin()->first <= upToTag) {
-      return StrayMessage{peer->rank, peer->arrived.begin()->first, peer->arrived.begin()->second.front().header.call};
-    }
-    // Still in the ring: nobody has read it, as nobody expected it.
-    if (!peer->inPayload && peer->inRing->head.load(std::memory_order_acquire) - peer->recvPos >= kLine) {
-      MessageHeader header;
-      copyOut(reinterpret_cast<char*>(&header), peer->inRing->data, peer->recvPos, kLine);
-      if (header.kind != kAck && header.tag <= upToTag) {
-        return StrayMessage{peer->rank, header.tag, header.call};
-      }
-    }
-  }
-  return std::nullopt;
-}
-
-bool ShmTransport::checkFaults() {
+bool ShmTransport::checkPeers() {
+  // A peer that gave up on the group (abort()) says why in its control block.
   bool failed = false;
   for (auto& peer : peers_) {
-    if (peer && peer->failure.empty() && peer->segment.control()->faulted.load(std::memory_order_acquire) != 0) {
+    if (peer && peerFailure(peer->rank).empty() &&
+        peer->segment.control()->faulted.load(std::memory_order_acquire) != 0) {
       const char* text = peer->segment.control()->faultText;
-      failPeer(*peer, "rank " + std::to_string(peer->rank) + " gave up on the group: " +
-                          std::string(text, ::strnlen(text, kFaultTextBytes)));
+      failPeer(peer->rank, "rank " + std::to_string(peer->rank) + " gave up on the group: " +
+                               std::string(text, ::strnlen(text, kFaultTextBytes)));
       failed = true;
     }
   }
   return failed;
 }
 
-bool ShmTransport::checkPostedCalls() {
-  // A receive posted for a collective while another rank sent a message of that collective, or
-  // announced a shared-memory collective of that sequence number, with a different call: the
-  // ranks called different collectives, which no message between the two shows.
-  bool failed = false;
+void ShmTransport::checkPostings() {
+  // A receive posted for a collective while another rank announced a shared-memory collective of
+  // that sequence number with a different call: the ranks called different collectives.
   for (auto& peer : peers_) {
     if (!peer) {
       continue;
     }
-    for (auto& [tag, held] : peer->arrived) {
-      failed |= failDisagreeing(peer->rank, tag, held.front().header.call);
-    }
     for (uint64_t parity : {0, 1}) {
-      const SharedPosting& posting = *peer->segment.posting(rank_, parity);
+      const SharedPosting& posting = *peer->segment.posting(rank(), parity);
       if (posting.epoch.load(std::memory_order_acquire) != 0) {
-        failed |= failDisagreeing(peer->rank, posting.tag, posting.call);
-      }
-    }
-  }
-  return failed;
-}
-
-bool ShmTransport::failDisagreeing(int sender, uint64_t tag, const CallSignature& call) {
-  bool failed = false;
-  for (auto& peer : peers_) {
-    if (peer) {
-      failed |= failDisagreeingIn(peer->posted, sender, tag, call);
-    }
-  }
-  return failDisagreeingIn(anyPeerReceives_, sender, tag, call) || failed;
-}
-
-void ShmTransport::probeWaits() {
-  for (auto& peer : peers_) {
-    if (!peer || !peer->failure.empty()) {
-      continue;
-    }
-    for (auto& probe : probesFor<Op>(*peer)) {
-      probe->header = MessageHeader{kProbeTag, sizeof(probe->probedTag), 0, 0, probe->call, kEager};
-      peer->sends.push_back(probe);
-      if (peer->sends.size() == 1) {
-        trySend(*peer);
+        failDisagreeing(peer->rank, posting.tag, posting.call);
       }
     }
   }
 }
 
-bool ShmTransport::tryAll() {
-  bool moved = checkFaults();
-  for (auto& peer : peers_) {
-    if (peer && peer->failure.empty()) {
-      moved |= tryRecv(*peer);
-      moved |= trySend(*peer);
-    }
-  }
-  return moved;
+void ShmTransport::whenIdle() {
+  checkLiveness();
+  checkPostings();
 }
 
-void ShmTransport::progress(std::unique_lock<std::mutex>& lock, Deadline deadline) {
-  if (spinBriefly(lock)) {
-    return;
-  }
+bool ShmTransport::sleep(std::unique_lock<std::mutex>& lock, Deadline deadline) {
   ControlBlock* control = self_->control();
   const uint32_t seen = control->doorbell.load(std::memory_order_seq_cst);
   control->sleepers.fetch_add(1, std::memory_order_seq_cst);
-  if (!tryAll() && !aborted_.load()) {
+  bool happened = tryAll() || aborted_.load();
+  if (!happened) {
     lock.unlock();
     futexWait(&control->doorbell, seen, sleepFor(deadline));
     lock.lock();
-    if (control->doorbell.load(std::memory_order_seq_cst) == seen) {
-      checkLiveness();
-      checkPostedCalls();
-      probeWaits();
-    }
+    happened = control->doorbell.load(std::memory_order_seq_cst) != seen;
   }
   control->sleepers.fetch_sub(1, std::memory_order_seq_cst);
+  return happened;
 }
 
-void ShmTransport::abort(const std::string& why) {
-  std::lock_guard<std::mutex> lock(mutex_);
-  if (!abortReason_.empty()) {
-    return;
-  }
-  abortReason_ = why;
+void ShmTransport::wakeSleeper() {
+  ring(rank());
+}
+
+void ShmTransport::announceAbort(const std::string& why) {
   aborted_.store(true);
   ControlBlock* control = self_->control();
   const size_t n = std::min(why.size(), kFaultTextBytes - 1);
   std::memcpy(control->faultText, why.data(), n);
   control->faultText[n] = '\0';
-  control->faulted.store(1, std::memory_order_release);
+  control->faulted.store(1, std::memory_order_seq_cst);
   for (auto& peer : peers_) {
     if (peer) {
-      failPending(*peer, CommError::Kind::kAborted, why);
-      peer->failure = why;
       ring(peer->rank);
     }
   }
-  failQueued(anyPeerReceives_, CommError::Kind::kAborted, why);
-  ring(rank_);
-  progressed_.notify_all();
+  // Peers' copies from or into this rank's buffers end before abort() returns and the buffers
+  // go; a peer that does not finish in time is stuck anyway.
+  const Deadline drained = Clock::now() + kCrossCopyDrain;
+  while (control->crossCopiers.load(std::memory_order_seq_cst) != 0 && Clock::now() < drained) {
+    std::this_thread::yield();
+  }
 }
 
 // ---- Collective support ----
 
 bool ShmTransport::connects(int rank) const {
-  return rank == rank_ || (rank >= 0 && rank < size_ && peers_[rank] != nullptr);
+  return rank == this->rank() || (rank >= 0 && rank < size() && peers_[rank] != nullptr);
 }
 
 uint64_t ShmTransport::nextEpochWith(int peer) {
@@ -796,7 +527,7 @@ char* ShmTransport::claimSlot(uint64_t ownEpoch, int readers, Deadline deadline)
 }
 
 const char* ShmTransport::slot(int rank, uint64_t ownEpoch) const {
-  return rank == rank_ ? self_->slot(ownEpoch) : peers_[rank]->segment.slot(ownEpoch);
+  return rank == this->rank() ? self_->slot(ownEpoch) : peers_[rank]->segment.slot(ownEpoch);
 }
 
 void ShmTransport::releaseSlot(int rank, uint64_t ownEpoch) {
@@ -832,10 +563,7 @@ void ShmTransport::waitUntil(Ready ready, Deadline deadline, const std::function
     if (ready()) {
       return;
     }
-    if (aborted_.load()) {
-      std::lock_guard<std::mutex> lock(mutex_);
-      throw CommError(CommError::Kind::kAborted, abortReason_);
-    }
+    throwIfAborted();
     if (Clock::now() >= deadline) {
       throw CommError(CommError::Kind::kTimeout, "timed out waiting for " + waitingFor());
     }
@@ -846,7 +574,7 @@ void ShmTransport::waitUntil(Ready ready, Deadline deadline, const std::function
     }
     control->sleepers.fetch_sub(1, std::memory_order_seq_cst);
     std::lock_guard<std::mutex> lock(mutex_);
-    checkFaults();
+    checkPeers();
     if (control->doorbell.load(std::memory_order_seq_cst) == seen) {
       // Nothing happened for a while: is everyone we may be waiting for still alive, and still
       // in the same collective?
@@ -856,8 +584,8 @@ void ShmTransport::waitUntil(Ready ready, Deadline deadline, const std::function
       }
     }
     for (auto& peer : peers_) {
-      if (peer && !peer->failure.empty()) {
-        throw CommError(CommError::Kind::kPeer, peer->failure);
+      if (peer && !peerFailure(peer->rank).empty()) {
+        throw CommError(CommError::Kind::kPeer, peerFailure(peer->rank));
       }
     }
   }
@@ -865,22 +593,11 @@ void ShmTransport::waitUntil(Ready ready, Deadline deadline, const std::function
 
 SharedMemory::Posting ShmTransport::waitPosted(int peer, uint64_t pairEpoch, const SharedMemory::Posting& mine,
                                               Deadline deadline) {
-  const SharedPosting& shared = *peers_[peer]->segment.posting(rank_, pairEpoch);
+  const SharedPosting& shared = *peers_[peer]->segment.posting(rank(), pairEpoch);
   // A peer that sends this collective's messages instead of posting runs another algorithm:
   // look at the header of what it sent, held or still in the ring.
   auto checkMessages = [&] {
-    Peer& p = *peers_[peer];
-    std::optional<CallSignature> theirs;
-    auto held = p.arrived.find(mine.tag);
-    if (held != p.arrived.end()) {
-      theirs = held->second.front().header.call;
-    } else if (!p.inPayload && p.inRing->head.load(std::memory_order_acquire) - p.recvPos >= kLine) {
-      MessageHeader header;
-      copyOut(reinterpret_cast<char*>(&header), p.inRing->data, p.recvPos, kLine);
-      if (header.kind != kAck && header.tag == mine.tag) {
-        theirs = header.call;
-      }
-    }
+    const std::optional<CallSignature> theirs = arrivedCall(peer, mine.tag);
     if (theirs && !mine.call.agreesWith(*theirs)) {
       throw CommError(CommError::Kind::kMismatch, "rank " + std::to_string(peer) + " runs a different call",
                       CallMismatch{peer, mine.tag, mine.call, *theirs});
@@ -896,19 +613,26 @@ SharedMemory::Posting ShmTransport::waitPosted(int peer, uint64_t pairEpoch, con
 }
 
 void ShmTransport::readPeer(int peer, uint64_t address, void* dst, size_t nbytes) {
-  if (!crossCopy(peers_[peer]->pid, static_cast<char*>(dst), address, nbytes, true)) {
-    throw CommError(CommError::Kind::kPeer, systemError("cannot read rank " + std::to_string(peer) + "'s memory"));
-  }
+  throwIfAborted();
+  guardedCrossCopy(peers_[peer]->segment.control(), peers_[peer]->pid, peer, static_cast<char*>(dst), address, nbytes,
+                   true);
 }
 
 void ShmTransport::writePeer(int peer, uint64_t address, const void* src, size_t nbytes) {
-  if (!crossCopy(peers_[peer]->pid, const_cast<char*>(static_cast<const char*>(src)), address, nbytes, false)) {
-    throw CommError(CommError::Kind::kPeer, systemError("cannot write rank " + std::to_string(peer) + "'s memory"));
+  throwIfAborted();
+  guardedCrossCopy(peers_[peer]->segment.control(), peers_[peer]->pid, peer,
+                   const_cast<char*>(static_cast<const char*>(src)), address, nbytes, false);
+}
+
+void ShmTransport::throwIfAborted() {
+  if (aborted_.load()) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    throw CommError(CommError::Kind::kAborted, abortReason());
   }
 }
 
 void ShmTransport::signalDelivered(int peer) {
-  peers_[peer]->segment.deliveries(rank_)->count.fetch_add(1, std::memory_order_release);
+  peers_[peer]->segment.deliveries(rank())->count.fetch_add(1, std::memory_order_release);
   ring(peer);
 }
 

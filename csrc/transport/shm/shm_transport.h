@@ -7,12 +7,12 @@
 // map it, and then nobody holds a name for it: when the last process that maps it exits — even
 // by SIGKILL — the kernel frees it.
 //
-// Point-to-point (the Transport interface): a message is a 64-byte header in the receiver's ring
-// for the sender, then, for small messages, the payload. A message above kSingleCopyBytes, when
-// the receiver can read the sender's memory (process_vm_readv, "CMA"), carries only the sender's
-// address: the receiver copies the payload straight from the sender's buffer into its own and
-// sends an acknowledgement back, which completes the send. Otherwise the payload streams through
-// the ring, so staging is the ring's size however large the message.
+// Point-to-point (the Transport interface): the message layer (MessageTransport) frames and
+// matches messages on one ring per direction: the receiver's inbound ring for the sender, a
+// byte stream. A message above kSingleCopyBytes, when the receiver can read the sender's memory
+// (process_vm_readv, "CMA"), carries only the sender's address: the receiver copies the payload
+// straight from the sender's buffer into its own once its receive is posted. Otherwise the
+// payload streams through the ring, so staging is the ring's size however large the message.
 //
 // Collective support (SharedMemory, for a Comm over ranks this transport connects: the whole
 // group, or a torus row on this host): a rank posts {address, bytes, signature} to each peer of a
@@ -32,22 +32,19 @@
 #pragma once
 
 #include <atomic>
-#include <condition_variable>
-#include <deque>
 #include <functional>
-#include <map>
 #include <memory>
 #include <mutex>
 #include <string>
 #include <vector>
 
-#include "transport/polled_transport.h"
+#include "transport/message_transport.h"
 #include "transport/rendezvous.h"
 #include "transport/shared_memory.h"
 
 namespace torus {
 
-class ShmTransport : public PolledTransport {
+class ShmTransport : public MessageTransport {
  public:
   // Messages above this size go by single copy when the receiver can read the sender's memory.
   static constexpr size_t kSingleCopyBytes = 64 * 1024;
@@ -58,20 +55,10 @@ class ShmTransport : public PolledTransport {
 
   // Ranks are the group's; `members` are the ranks this transport connects (this host's), every
   // rank when empty. Setup is bounded by the rendezvous store's own timeout.
-  ShmTransport(int rank, int size, Rendezvous& rendezvous, std::vector<int> members = {});
+  ShmTransport(int rank, int size, Rendezvous& rendezvous, std::vector<int> members = {},
+               MessageOptions messages = {});
   ~ShmTransport() override;
 
-  int rank() const override {
-    return rank_;
-  }
-  int size() const override {
-    return size_;
-  }
-
-  RequestPtr isend(int peer, uint64_t tag, const CallSignature& call, const void* buf, size_t nbytes) override;
-  RequestPtr irecv(int peer, uint64_t tag, const CallSignature& call, void* buf, size_t nbytes) override;
-  void abort(const std::string& why) override;
-  std::optional<StrayMessage> strayMessage(uint64_t upToTag) override;
   std::shared_ptr<SharedMemory> sharedMemory(const std::vector<int>& members,
                                              std::shared_ptr<TrafficCounters> traffic) override;
 
@@ -81,9 +68,9 @@ class ShmTransport : public PolledTransport {
     return singleCopy_;
   }
 
-  struct Op;
   struct Peer;
   struct Segment;
+  class RingLink;
 
  private:
   void connectAll(Rendezvous& rendezvous, const std::vector<int>& members);
@@ -93,26 +80,17 @@ class ShmTransport : public PolledTransport {
   template <typename Ready>
   void waitUntil(Ready ready, Deadline deadline, const std::function<std::string()>& waitingFor,
                  const std::function<void()>& whenIdle);
-  void progress(std::unique_lock<std::mutex>& lock, Deadline deadline) override;
-  bool tryAll() override;
-  bool trySend(Peer& peer);
-  bool tryRecv(Peer& peer);
-  void readSingleCopy(Peer& peer, Op& op, uint64_t address);
-  void queueAck(Peer& peer, uint64_t sequence);
-  std::shared_ptr<Op> matchPosted(Peer& peer, uint64_t tag);
-  void failPending(Peer& peer, CommError::Kind kind, const std::string& why);
-  void failPeer(Peer& peer, const std::string& why);
+  bool sleep(std::unique_lock<std::mutex>& lock, Deadline deadline) override;
+  void wakeSleeper() override;
+  bool checkPeers() override;
+  void whenIdle() override;
+  void announceAbort(const std::string& why) override;
+  bool readsCheaply() const override {
+    return true;
+  }
   void checkLiveness();
-  // Fails the group when a peer gave up on it (abort()); true when one did.
-  bool checkFaults();
-  // Fails posted receives whose call disagrees with a held message or a peer's posting of the
-  // same tag; true when one failed. Runs when progress found nothing to do for a while.
-  bool checkPostedCalls();
-  // Fails posted receives of `tag` whose call disagrees with `call`, which `sender` runs there;
-  // true when one failed.
-  bool failDisagreeing(int sender, uint64_t tag, const CallSignature& call);
-  // Sends a probe (kProbeTag) to each peer this rank has been waiting on, once per collective.
-  void probeWaits();
+  // Fails posted receives whose call disagrees with a peer's posting of the same tag.
+  void checkPostings();
   void ring(int peer);
 
   // ---- Collective support, in transport ranks, for Members (the SharedMemory of a Comm). ----
@@ -132,11 +110,11 @@ class ShmTransport : public PolledTransport {
   void readPeer(int peer, uint64_t address, void* dst, size_t nbytes);
   void writePeer(int peer, uint64_t address, const void* src, size_t nbytes);
   void signalDelivered(int peer);
+  // Throws kAborted once this rank gave up on the group.
+  void throwIfAborted();
   // Waits for one more delivery from each of `peers` than earlier calls waited for.
   void waitDeliveries(const std::vector<int>& peers, Deadline deadline);
 
-  const int rank_;
-  const int size_;
   std::unique_ptr<Segment> self_;
   std::vector<std::unique_ptr<Peer>> peers_; // indexed by rank; null for self
   bool singleCopy_ = false;
@@ -149,8 +127,6 @@ class ShmTransport : public PolledTransport {
   uint64_t slotReadsOwed_[2] = {0, 0};
 
   std::atomic<bool> aborted_{false};
-  std::string abortReason_;
-  std::map<uint64_t, std::deque<std::shared_ptr<Op>>> anyPeerReceives_;
 };
 
 } // namespace torus

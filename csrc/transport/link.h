@@ -1,0 +1,40 @@
+// Link: what a transport gives the message layer for one peer: an ordered, reliable byte stream
+// each way, read and written without blocking, and optionally a way to read the peer's memory
+// directly. A Link knows nothing of messages, tags or matching (MessageTransport does that once
+// for every transport).
+#pragma once
+
+#include <sys/types.h>
+#include <sys/uio.h>
+
+#include <cstddef>
+#include <cstdint>
+
+namespace torus {
+
+class Link {
+ public:
+  virtual ~Link() = default;
+
+  // Takes a prefix of the bytes in parts[0..count); returns how many (0 when the stream is full
+  // for now). Throws CommError (kPeer) when the stream broke.
+  virtual size_t write(const iovec* parts, int count) = 0;
+  // Reads up to n bytes; returns how many (0 when none are waiting), or -1 when the peer closed
+  // its end. Throws CommError (kPeer) when the stream broke.
+  virtual ssize_t read(char* dst, size_t n) = 0;
+  // After writes: makes them visible to the peer and wakes it.
+  virtual void flush() {}
+  // After reads: frees what they consumed and wakes a peer waiting for the space.
+  virtual void consumed() {}
+
+  // Messages larger than this go by the peer reading this process's memory (readPeerMemory on
+  // its side) instead of through the stream; SIZE_MAX: never.
+  virtual size_t peerReadsAbove() const {
+    return SIZE_MAX;
+  }
+  // Copies n bytes at `address` in the peer's memory into dst. Throws CommError when it cannot
+  // (the kernel refuses, or the peer gave up on the group and its buffer may be gone).
+  virtual void readPeerMemory(uint64_t address, char* dst, size_t n);
+};
+
+} // namespace torus

@@ -1,0 +1,741 @@
+#include "transport/message_transport.h"
+
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
+
+namespace torus {
+
+namespace {
+
+// Discarded payload (a message whose receive failed) is read through a buffer this large.
+constexpr size_t kDiscardBytes = 64 * 1024;
+
+size_t payloadBytes(const WireHeader& header) {
+  switch (header.kind) {
+    case kEagerFrame:
+    case kDataFrame:
+    case kFaultFrame:
+      return header.nbytes;
+    default:
+      return 0;
+  }
+}
+
+std::string rankName(int rank) {
+  return "rank " + std::to_string(rank);
+}
+
+} // namespace
+
+struct MessageTransport::Op : PendingOp {};
+
+// A frame waiting to go out, with the send it carries or announces (none for the layer's own).
+struct MessageTransport::Frame {
+  WireHeader header;
+  std::shared_ptr<Op> op;
+  const char* payload = nullptr;
+  size_t payloadBytes = 0;
+};
+
+// A message nobody has asked for yet: an eager one with its payload, or a ready-to-send header.
+struct MessageTransport::Held {
+  WireHeader header;
+  std::vector<char> payload;
+};
+
+struct MessageTransport::Peer {
+  int rank = -1;
+  Link* link = nullptr;
+  std::string failure;
+  // The peer said goodbye: it destroyed its group, so the end of its stream is no failure.
+  bool left = false;
+
+  // Sending: frames go out in order; the head may be partly written.
+  std::deque<Frame> sends;
+  size_t headSent = 0;
+  uint64_t nextSequence = 0;
+  // Ready-to-send sends, until the answer (clear-to-send or done) comes, by sequence.
+  std::unordered_map<uint64_t, std::shared_ptr<Op>> awaitingAnswer;
+  // Eager bytes sent that the peer has not credited back.
+  size_t eagerInFlight = 0;
+
+  // Receiving: a header, then its payload into `target` (a receive), `holding` (nobody asked
+  // for it yet) or nowhere (`discard`).
+  WireHeader header;
+  size_t headerRead = 0;
+  bool inPayload = false;
+  size_t payloadRead = 0;
+  std::shared_ptr<Op> target;
+  bool discard = false;
+  std::vector<char> holding;
+  // Receives this rank cleared the peer to send to, by the send's sequence.
+  std::unordered_map<uint64_t, std::shared_ptr<Op>> awaitingData;
+  // Eager payload consumed but not yet credited back.
+  size_t creditOwed = 0;
+
+  std::map<uint64_t, std::deque<std::shared_ptr<Op>>> posted;
+  std::map<uint64_t, std::deque<Held>> arrived;
+  // The last collective this rank sent the peer a probe about.
+  uint64_t probedTag = UINT64_MAX;
+};
+
+void Link::readPeerMemory(uint64_t address, char* dst, size_t n) {
+  throw CommError(CommError::Kind::kPeer, "this link cannot read the peer's memory");
+}
+
+MessageTransport::MessageTransport(int rank, int size, MessageOptions options)
+    : rank_(rank), size_(size), options_(options), peers_(static_cast<size_t>(size)) {}
+
+MessageTransport::~MessageTransport() = default;
+
+void MessageTransport::attach(int peer, Link* link) {
+  peers_[peer] = std::make_unique<Peer>();
+  peers_[peer]->rank = peer;
+  peers_[peer]->link = link;
+}
+
+RequestPtr MessageTransport::isend(int peer, uint64_t tag, const CallSignature& call, const void* buf,
+                                   size_t nbytes) {
+  if (peer < 0 || peer >= size_ || peer == rank_ || !peers_[peer]) {
+    throw std::invalid_argument("torus: invalid send peer " + std::to_string(peer));
+  }
+  auto op = makeOp<Op>(this, true, peer, tag, call, buf, nbytes);
+  std::lock_guard<std::mutex> lock(mutex_);
+  Peer& p = *peers_[peer];
+  if (!abortReason_.empty()) {
+    op->fail(CommError::Kind::kAborted, abortReason_);
+    return op;
+  }
+  if (!p.failure.empty()) {
+    op->fail(CommError::Kind::kPeer, p.failure);
+    return op;
+  }
+  Frame frame;
+  frame.op = op;
+  frame.header.tag = tag;
+  frame.header.nbytes = nbytes;
+  frame.header.call = call;
+  if (nbytes <= options_.eagerBytes && nbytes <= p.link->peerReadsAbove() &&
+      p.eagerInFlight + nbytes <= options_.eagerWindowBytes) {
+    frame.header.kind = kEagerFrame;
+    frame.payload = op->buf;
+    frame.payloadBytes = nbytes;
+    p.eagerInFlight += nbytes;
+  } else {
+    frame.header.kind = kReadyToSendFrame;
+    frame.header.sequence = ++p.nextSequence;
+    if (nbytes > p.link->peerReadsAbove()) {
+      frame.header.address = reinterpret_cast<uint64_t>(buf);
+    }
+  }
+  queue(p, std::move(frame));
+  return op;
+}
+
+RequestPtr MessageTransport::irecv(int peer, uint64_t tag, const CallSignature& call, void* buf, size_t nbytes) {
+  if (peer != kAnyPeer && (peer < 0 || peer >= size_ || peer == rank_ || !peers_[peer])) {
+    throw std::invalid_argument("torus: invalid receive peer " + std::to_string(peer));
+  }
+  auto op = makeOp<Op>(this, false, peer, tag, call, buf, nbytes);
+  std::lock_guard<std::mutex> lock(mutex_);
+  if (!abortReason_.empty()) {
+    op->fail(CommError::Kind::kAborted, abortReason_);
+    return op;
+  }
+  if (peer == kAnyPeer) {
+    for (auto& p : peers_) {
+      if (p && takeHeld(*p, op)) {
+        return op;
+      }
+    }
+    anyPeerReceives_[tag].push_back(op);
+    return op;
+  }
+  Peer& p = *peers_[peer];
+  if (takeHeld(p, op)) {
+    return op;
+  }
+  if (!p.failure.empty()) {
+    op->fail(CommError::Kind::kPeer, p.failure);
+    return op;
+  }
+  p.posted[tag].push_back(op);
+  return op;
+}
+
+namespace {
+
+// Removes and returns the oldest entry of `tag` in `queues` (first-in first-out per tag).
+template <typename T>
+std::optional<T> popOldest(std::map<uint64_t, std::deque<T>>& queues, uint64_t tag) {
+  auto it = queues.find(tag);
+  if (it == queues.end()) {
+    return std::nullopt;
+  }
+  T oldest = std::move(it->second.front());
+  it->second.pop_front();
+  if (it->second.empty()) {
+    queues.erase(it);
+  }
+  return oldest;
+}
+
+template <typename Op>
+void failQueued(std::map<uint64_t, std::deque<std::shared_ptr<Op>>>& queues, CommError::Kind kind,
+                const std::string& why) {
+  for (auto& entry : queues) {
+    for (auto& op : entry.second) {
+      op->fail(kind, why);
+    }
+  }
+  queues.clear();
+}
+
+template <typename Op>
+void failAwaiting(std::unordered_map<uint64_t, std::shared_ptr<Op>>& ops, CommError::Kind kind,
+                  const std::string& why) {
+  for (auto& entry : ops) {
+    entry.second->fail(kind, why);
+  }
+  ops.clear();
+}
+
+// Fails the receives of `tag` in `queues` whose call disagrees with `call`, which `sender` runs
+// there, and removes them so that no later message lands in their buffers; true when one failed.
+template <typename Op>
+bool failDisagreeingIn(std::map<uint64_t, std::deque<std::shared_ptr<Op>>>& queues, int sender, uint64_t tag,
+                       const CallSignature& call) {
+  auto it = queues.find(tag);
+  if (it == queues.end()) {
+    return false;
+  }
+  bool failed = false;
+  auto& ops = it->second;
+  for (auto op = ops.begin(); op != ops.end();) {
+    if ((*op)->call.agreesWith(call)) {
+      ++op;
+      continue;
+    }
+    (*op)->fail(CommError::Kind::kMismatch, rankName(sender) + " runs a different call");
+    (*op)->mismatch = CallMismatch{sender, tag, (*op)->call, call};
+    op = ops.erase(op);
+    failed = true;
+  }
+  if (ops.empty()) {
+    queues.erase(it);
+  }
+  return failed;
+}
+
+} // namespace
+
+std::shared_ptr<MessageTransport::Op> MessageTransport::matchPosted(Peer& peer, uint64_t tag) {
+  // The oldest receive posted for this sender, else the oldest posted for any peer.
+  for (auto* queues : {&peer.posted, &anyPeerReceives_}) {
+    if (auto op = popOldest(*queues, tag)) {
+      (*op)->peerRank = peer.rank;
+      return *op;
+    }
+  }
+  return nullptr;
+}
+
+bool MessageTransport::takeHeld(Peer& peer, const std::shared_ptr<Op>& op) {
+  auto held = popOldest(peer.arrived, op->tag);
+  if (!held) {
+    return false;
+  }
+  op->peerRank = peer.rank;
+  const bool accepted = op->accepts(peer.rank, held->header.call, held->header.nbytes);
+  if (held->header.kind == kReadyToSendFrame) {
+    answerReadyToSend(peer, op, held->header, accepted);
+    return true;
+  }
+  if (accepted) {
+    std::memcpy(op->buf, held->payload.data(), held->payload.size());
+    op->complete = true;
+  }
+  credit(peer, held->payload.size());
+  return true;
+}
+
+void MessageTransport::answerReadyToSend(Peer& peer, const std::shared_ptr<Op>& op, const WireHeader& header,
+                                         bool accepted) {
+  Frame answer;
+  answer.header.sequence = header.sequence;
+  answer.header.kind = kDoneFrame;
+  if (accepted && header.address != 0) {
+    try {
+      peer.link->readPeerMemory(header.address, op->buf, op->nbytes);
+      op->complete = true;
+    } catch (const CommError& e) {
+      op->fail(e.kind(), e.what());
+    }
+  } else if (accepted) {
+    peer.awaitingData[header.sequence] = op;
+    answer.header.kind = kClearToSendFrame;
+  }
+  queue(peer, std::move(answer));
+}
+
+void MessageTransport::credit(Peer& peer, size_t nbytes) {
+  peer.creditOwed += nbytes;
+  if (peer.creditOwed == 0 || peer.creditOwed < std::max<size_t>(1, options_.eagerWindowBytes / 4)) {
+    return;
+  }
+  Frame frame;
+  frame.header.kind = kCreditFrame;
+  frame.header.sequence = peer.creditOwed;
+  peer.creditOwed = 0;
+  queue(peer, std::move(frame));
+}
+
+void MessageTransport::queue(Peer& peer, Frame frame) {
+  peer.sends.push_back(std::move(frame));
+  if (peer.sends.size() == 1) {
+    trySend(peer);
+  }
+  if (!peer.sends.empty() && progressing_) {
+    wakeSleeper(); // the sleeping thread must watch this Link for room
+  }
+}
+
+bool MessageTransport::trySend(Peer& peer) {
+  bool completed = false;
+  bool wrote = false;
+  while (!peer.sends.empty() && peer.failure.empty()) {
+    Frame& frame = peer.sends.front();
+    iovec parts[2];
+    int count = 0;
+    if (peer.headSent < sizeof(WireHeader)) {
+      parts[count++] = {reinterpret_cast<char*>(&frame.header) + peer.headSent, sizeof(WireHeader) - peer.headSent};
+      if (frame.payloadBytes > 0) {
+        parts[count++] = {const_cast<char*>(frame.payload), frame.payloadBytes};
+      }
+    } else {
+      const size_t offset = peer.headSent - sizeof(WireHeader);
+      parts[count++] = {const_cast<char*>(frame.payload) + offset, frame.payloadBytes - offset};
+    }
+    size_t took = 0;
+    try {
+      took = peer.link->write(parts, count);
+    } catch (const CommError& e) {
+      failPeer(peer.rank, e.what());
+      return true;
+    }
+    if (took == 0) {
+      break;
+    }
+    wrote = true;
+    peer.headSent += took;
+    if (peer.headSent < sizeof(WireHeader) + frame.payloadBytes) {
+      continue;
+    }
+    peer.headSent = 0;
+    Frame sent = std::move(peer.sends.front());
+    peer.sends.pop_front();
+    if (sent.header.kind == kEagerFrame || sent.header.kind == kDataFrame) {
+      sent.op->complete = true;
+      completed = true;
+    } else if (sent.header.kind == kReadyToSendFrame) {
+      peer.awaitingAnswer[sent.header.sequence] = std::move(sent.op);
+    }
+  }
+  if (wrote) {
+    peer.link->flush();
+  }
+  return completed;
+}
+
+bool MessageTransport::tryRecv(Peer& peer) {
+  static thread_local std::vector<char> discarded(kDiscardBytes);
+  bool completed = false;
+  bool readAny = false;
+  while (peer.failure.empty()) {
+    char* dst;
+    size_t want;
+    if (!peer.inPayload) {
+      dst = reinterpret_cast<char*>(&peer.header) + peer.headerRead;
+      want = sizeof(WireHeader) - peer.headerRead;
+    } else if (peer.discard) {
+      dst = discarded.data();
+      want = std::min(kDiscardBytes, payloadBytes(peer.header) - peer.payloadRead);
+    } else {
+      dst = (peer.target ? peer.target->buf : peer.holding.data()) + peer.payloadRead;
+      want = payloadBytes(peer.header) - peer.payloadRead;
+    }
+    ssize_t got = 0;
+    try {
+      got = peer.link->read(dst, want);
+    } catch (const CommError& e) {
+      failPeer(peer.rank, e.what());
+      return true;
+    }
+    if (got < 0) {
+      peerClosed(peer);
+      return true;
+    }
+    if (got == 0) {
+      break;
+    }
+    readAny = true;
+    if (!peer.inPayload) {
+      peer.headerRead += static_cast<size_t>(got);
+      if (peer.headerRead == sizeof(WireHeader)) {
+        peer.headerRead = 0;
+        completed |= onHeader(peer);
+      }
+    } else {
+      peer.payloadRead += static_cast<size_t>(got);
+      if (peer.payloadRead == payloadBytes(peer.header)) {
+        peer.inPayload = false;
+        completed |= onPayload(peer);
+      }
+    }
+  }
+  if (readAny) {
+    peer.link->consumed();
+  }
+  return completed;
+}
+
+bool MessageTransport::onHeader(Peer& peer) {
+  const WireHeader& header = peer.header;
+  bool completed = false;
+  peer.target.reset();
+  peer.discard = false;
+  switch (header.kind) {
+    case kGoodbyeFrame:
+      peer.left = true;
+      return false;
+    case kProbeFrame:
+      return failDisagreeing(peer.rank, header.sequence, header.call);
+    case kCreditFrame:
+      peer.eagerInFlight -= std::min<size_t>(peer.eagerInFlight, header.sequence);
+      return false;
+    case kClearToSendFrame: {
+      auto it = peer.awaitingAnswer.find(header.sequence);
+      if (it != peer.awaitingAnswer.end()) {
+        Frame data;
+        data.op = std::move(it->second);
+        peer.awaitingAnswer.erase(it);
+        data.header = WireHeader{data.op->tag, data.op->nbytes, header.sequence, 0, data.op->call, kDataFrame};
+        data.payload = data.op->buf;
+        data.payloadBytes = data.op->nbytes;
+        queue(peer, std::move(data));
+      }
+      return false;
+    }
+    case kDoneFrame: {
+      auto it = peer.awaitingAnswer.find(header.sequence);
+      if (it == peer.awaitingAnswer.end()) {
+        return false;
+      }
+      it->second->complete = true;
+      peer.awaitingAnswer.erase(it);
+      return true;
+    }
+    case kReadyToSendFrame: {
+      auto op = matchPosted(peer, header.tag);
+      if (!op) {
+        peer.arrived[header.tag].push_back(Held{header, {}});
+        return false;
+      }
+      answerReadyToSend(peer, op, header, op->accepts(peer.rank, header.call, header.nbytes));
+      return op->complete;
+    }
+    case kDataFrame: {
+      auto it = peer.awaitingData.find(header.sequence);
+      if (it != peer.awaitingData.end()) {
+        peer.target = std::move(it->second);
+        peer.awaitingData.erase(it);
+      }
+      peer.discard = !peer.target;
+      break;
+    }
+    case kEagerFrame:
+      peer.target = matchPosted(peer, header.tag);
+      if (peer.target && !peer.target->accepts(peer.rank, header.call, header.nbytes)) {
+        peer.target.reset();
+        peer.discard = true;
+        completed = true;
+      } else if (!peer.target) {
+        peer.holding.resize(header.nbytes);
+      }
+      break;
+    case kFaultFrame:
+      if (peer.header.nbytes > kFaultTextBytes) {
+        failPeer(peer.rank, rankName(peer.rank) + " gave up on the group (its reason was too long to read)");
+        return true;
+      }
+      peer.holding.resize(header.nbytes);
+      break;
+    default:
+      failPeer(peer.rank, rankName(peer.rank) + " sent a frame of unknown kind " + std::to_string(header.kind) +
+                              ": the ranks run different versions of torch_torus");
+      return true;
+  }
+  peer.payloadRead = 0;
+  if (payloadBytes(header) > 0) {
+    peer.inPayload = true;
+    return completed;
+  }
+  return onPayload(peer) || completed;
+}
+
+bool MessageTransport::onPayload(Peer& peer) {
+  const WireHeader& header = peer.header;
+  if (header.kind == kFaultFrame) {
+    failPeer(peer.rank, rankName(peer.rank) + " gave up on the group: " +
+                            std::string(peer.holding.begin(), peer.holding.end()));
+    return true;
+  }
+  if (peer.target) {
+    peer.target->complete = true;
+    peer.target.reset();
+    if (header.kind == kEagerFrame) {
+      credit(peer, header.nbytes);
+    }
+    return true;
+  }
+  if (peer.discard) {
+    peer.discard = false;
+    if (header.kind == kEagerFrame) {
+      credit(peer, header.nbytes);
+    }
+    return false;
+  }
+  // Held: a receive may have been posted while the payload was being read.
+  Held held{header, std::move(peer.holding)};
+  peer.holding = {};
+  auto late = matchPosted(peer, header.tag);
+  if (!late) {
+    peer.arrived[header.tag].push_back(std::move(held));
+    return false;
+  }
+  if (late->accepts(peer.rank, header.call, header.nbytes)) {
+    std::memcpy(late->buf, held.payload.data(), held.payload.size());
+    late->complete = true;
+  }
+  credit(peer, held.payload.size());
+  return true;
+}
+
+void MessageTransport::peerClosed(Peer& peer) {
+  if (peer.inPayload && peer.header.kind == kFaultFrame) {
+    failPeer(peer.rank, rankName(peer.rank) + " gave up on the group: " +
+                            std::string(peer.holding.data(), peer.payloadRead));
+  } else if (peer.left) {
+    peerLeft(peer.rank, rankName(peer.rank) + " left the group (destroyed its process group)");
+  } else {
+    failPeer(peer.rank, rankName(peer.rank) +
+                            " closed its connection (the process exited, was killed or aborted its group)");
+  }
+}
+
+void MessageTransport::failPending(Peer& peer, CommError::Kind kind, const std::string& why) {
+  for (auto& frame : peer.sends) {
+    if (frame.op) {
+      frame.op->fail(kind, why);
+    }
+  }
+  peer.sends.clear();
+  peer.headSent = 0;
+  failAwaiting(peer.awaitingAnswer, kind, why);
+  failAwaiting(peer.awaitingData, kind, why);
+  failQueued(peer.posted, kind, why);
+  if (peer.target) {
+    peer.target->fail(kind, why);
+    peer.target.reset();
+    peer.discard = true;
+  }
+}
+
+void MessageTransport::failPeer(int rank, const std::string& why) {
+  if (!peers_[rank]->failure.empty()) {
+    return;
+  }
+  // A group with a dead member cannot finish any collective: every pending request fails and
+  // names it, including those with live peers (which may wait on something the dead rank owed),
+  // and every peer is marked failed, so no request touches a buffer afterwards.
+  for (auto& other : peers_) {
+    if (other) {
+      failPending(*other, CommError::Kind::kPeer, why);
+      other->failure = why;
+    }
+  }
+  failQueued(anyPeerReceives_, CommError::Kind::kPeer, why);
+  progressed_.notify_all();
+}
+
+void MessageTransport::peerLeft(int rank, const std::string& why) {
+  Peer& peer = *peers_[rank];
+  if (!peer.failure.empty()) {
+    return;
+  }
+  peer.failure = why;
+  failPending(peer, CommError::Kind::kPeer, why);
+}
+
+const std::string& MessageTransport::peerFailure(int peer) const {
+  return peers_[peer]->failure;
+}
+
+bool MessageTransport::wantsToWrite(int peer) const {
+  return !peers_[peer]->sends.empty();
+}
+
+bool MessageTransport::betweenFrames(int peer) const {
+  return peers_[peer]->headSent == 0;
+}
+
+bool MessageTransport::failDisagreeing(int sender, uint64_t tag, const CallSignature& call) {
+  bool failed = false;
+  for (auto& peer : peers_) {
+    if (peer) {
+      failed |= failDisagreeingIn(peer->posted, sender, tag, call);
+    }
+  }
+  return failDisagreeingIn(anyPeerReceives_, sender, tag, call) || failed;
+}
+
+void MessageTransport::checkHeldCalls() {
+  // A message nobody has asked for, of a call that disagrees with a receive posted for the same
+  // collective from another rank: the two ranks called different collectives (or the same one
+  // with different peers), which no first message between them shows.
+  for (auto& sender : peers_) {
+    if (sender) {
+      for (auto& [tag, held] : sender->arrived) {
+        failDisagreeing(sender->rank, tag, held.front().header.call);
+      }
+    }
+  }
+}
+
+void MessageTransport::probeWaits() {
+  // Ranks that disagree on a collective but exchange no message at all would otherwise wait out
+  // their timeouts: tell each peer waited on which collective this rank waits in, once each.
+  for (auto& peer : peers_) {
+    if (!peer || !peer->failure.empty()) {
+      continue;
+    }
+    std::vector<Frame> probes;
+    for (auto& [tag, ops] : peer->posted) {
+      const CallSignature& call = ops.front()->call;
+      if (call.kind == 0 || peer->probedTag == tag) {
+        continue;
+      }
+      peer->probedTag = tag;
+      Frame probe;
+      probe.header.kind = kProbeFrame;
+      probe.header.sequence = tag;
+      probe.header.call = call;
+      probes.push_back(probe);
+    }
+    for (auto& probe : probes) {
+      queue(*peer, std::move(probe));
+    }
+  }
+}
+
+void MessageTransport::readOutOfTurn(Peer& peer) {
+  // Requests this read completes may belong to a thread asleep in progress or in waitFor.
+  if (tryRecv(peer)) {
+    if (progressing_) {
+      wakeSleeper();
+    }
+    progressed_.notify_all();
+  }
+}
+
+std::optional<CallSignature> MessageTransport::arrivedCall(int rank, uint64_t tag) {
+  Peer& peer = *peers_[rank];
+  readOutOfTurn(peer);
+  auto held = peer.arrived.find(tag);
+  if (held != peer.arrived.end()) {
+    return held->second.front().header.call;
+  }
+  return std::nullopt;
+}
+
+std::optional<Transport::StrayMessage> MessageTransport::strayMessage(uint64_t upToTag) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  if (readsCheaply()) {
+    for (auto& peer : peers_) {
+      if (peer && peer->failure.empty()) {
+        readOutOfTurn(*peer);
+      }
+    }
+  }
+  for (auto& peer : peers_) {
+    if (peer && !peer->arrived.empty() && peer->arrived.begin()->first <= upToTag) {
+      return StrayMessage{peer->rank, peer->arrived.begin()->first, peer->arrived.begin()->second.front().header.call};
+    }
+  }
+  return std::nullopt;
+}
+
+bool MessageTransport::hasPending() const {
+  if (!anyPeerReceives_.empty()) {
+    return true;
+  }
+  for (const auto& peer : peers_) {
+    if (peer && peer->failure.empty() &&
+        (!peer->sends.empty() || !peer->awaitingAnswer.empty() || !peer->awaitingData.empty() ||
+         !peer->posted.empty() || peer->target)) {
+      return true;
+    }
+  }
+  return false;
+}
+
+bool MessageTransport::tryPeer(int rank) {
+  Peer& peer = *peers_[rank];
+  if (!peer.failure.empty()) {
+    return false;
+  }
+  bool moved = tryRecv(peer);
+  return trySend(peer) || moved;
+}
+
+bool MessageTransport::tryAll() {
+  bool moved = checkPeers();
+  for (auto& peer : peers_) {
+    if (peer) {
+      moved |= tryPeer(peer->rank);
+    }
+  }
+  return moved;
+}
+
+void MessageTransport::progress(std::unique_lock<std::mutex>& lock, Deadline deadline) {
+  if (spinBriefly(lock)) {
+    return;
+  }
+  if (!sleep(lock, deadline)) {
+    checkHeldCalls();
+    whenIdle();
+    probeWaits();
+  }
+}
+
+void MessageTransport::abort(const std::string& why) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  if (!abortReason_.empty()) {
+    return;
+  }
+  abortReason_ = why;
+  announceAbort(why);
+  for (auto& peer : peers_) {
+    if (peer) {
+      failPending(*peer, CommError::Kind::kAborted, why);
+      peer->failure = why;
+    }
+  }
+  failQueued(anyPeerReceives_, CommError::Kind::kAborted, why);
+  wakeSleeper();
+  progressed_.notify_all();
+}
+
+} // namespace torus

@@ -1,0 +1,171 @@
+// MessageTransport: the message layer every byte-moving transport (TCP sockets, shared-memory
+// rings) sits under. It owns, once, what makes bytes into tagged messages: matching receives to
+// messages (per peer and from any peer, first-in first-out per tag), the queue of messages nobody
+// has asked for yet, call-signature checks and probes, flow control, and failing every request
+// when a peer fails or the group aborts. A transport gives it one Link per peer and a way to
+// sleep until something happens.
+//
+// On each Link, a message is a 64-byte header (WireHeader) and, for some kinds, a payload:
+//   eager            header + payload: the sender does not wait for the receive.
+//   ready-to-send    header only: the payload waits in the sender's buffer. The receiver answers
+//                    once a receive matches it: clear-to-send (the sender then sends a data frame,
+//                    header + payload, straight into the receive's buffer) or, when the header
+//                    carries the buffer's address and the Link reads the peer's memory, by
+//                    reading it directly and sending done.
+//   done             completes a ready-to-send send without data (read directly, or refused).
+//   credit           returns eager bytes the receiver has consumed.
+//   probe            "I wait for you in the collective tagged <sequence> with this call".
+//   goodbye / fault  the sender destroyed its group / gave up on it (payload: why).
+//
+// Flow control: a message goes eager only when it is at most eagerBytes and the sender's eager
+// bytes not yet credited back stay within eagerWindowBytes; every other message waits for its
+// receive. So a rank holds at most eagerWindowBytes of payload per peer that it has not asked
+// for, however far ahead the peer runs, and the kernel's own flow control is never defeated.
+//
+// Ordering: matching happens when a header arrives, in stream order, so messages of one tag
+// between two ranks match receives in the order they were sent whichever protocol each took.
+#pragma once
+
+#include <deque>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include "transport/link.h"
+#include "transport/message_options.h"
+#include "transport/polled_transport.h"
+
+namespace torus {
+
+enum FrameKind : uint32_t {
+  kEagerFrame = 1,
+  kReadyToSendFrame,
+  kClearToSendFrame,
+  kDataFrame,
+  kDoneFrame,
+  kCreditFrame,
+  kProbeFrame,
+  kGoodbyeFrame,
+  kFaultFrame,
+};
+// A fault frame's text is cut to this.
+constexpr size_t kFaultTextBytes = 1024;
+
+// The header of every frame on a Link.
+struct WireHeader {
+  uint64_t tag = 0;
+  uint64_t nbytes = 0; // the message's size (eager, ready-to-send, data) or the fault text's
+  uint64_t sequence = 0; // ready-to-send and its answers: which send; credit: bytes; probe: tag
+  uint64_t address = 0; // ready-to-send: the payload's address, when the peer may read it
+  CallSignature call;
+  uint32_t kind = 0;
+  uint32_t reserved = 0;
+  uint64_t reserved2 = 0;
+};
+static_assert(sizeof(WireHeader) == 64, "a frame header is one cache line");
+
+class MessageTransport : public PolledTransport {
+ public:
+  MessageTransport(int rank, int size, MessageOptions options);
+  ~MessageTransport() override;
+
+  int rank() const final {
+    return rank_;
+  }
+  int size() const final {
+    return size_;
+  }
+
+  RequestPtr isend(int peer, uint64_t tag, const CallSignature& call, const void* buf, size_t nbytes) final;
+  RequestPtr irecv(int peer, uint64_t tag, const CallSignature& call, void* buf, size_t nbytes) final;
+  void abort(const std::string& why) final;
+  std::optional<StrayMessage> strayMessage(uint64_t upToTag) final;
+
+ protected:
+  // Makes `peer` reachable through `link`, which the transport owns and keeps until destroyed.
+  void attach(int peer, Link* link);
+
+  // ---- What a transport implements. All run with mutex_ held. ----
+  // Sleeps (lock released) until something may have happened on a Link or the deadline;
+  // false when nothing happened at all (the layer then runs its idle checks and whenIdle()).
+  virtual bool sleep(std::unique_lock<std::mutex>& lock, Deadline deadline) = 0;
+  // Before each attempt on the Links: looks for peers that failed out of band; true when one did.
+  virtual bool checkPeers() {
+    return false;
+  }
+  // After a sleep in which nothing happened.
+  virtual void whenIdle() {}
+  // abort(): tells the peers why, before their requests fail.
+  virtual void announceAbort(const std::string& why) = 0;
+  // Whether a look at every Link costs no system call (then strayMessage reads them first).
+  virtual bool readsCheaply() const {
+    return false;
+  }
+
+  // ---- What transports call, with mutex_ held. ----
+  // One non-blocking attempt on every peer's Link; true when a request completed.
+  bool tryAll() final;
+  // One non-blocking attempt on one peer's Link; true when a request completed.
+  bool tryPeer(int peer);
+  // The peer has frames waiting to go out.
+  bool wantsToWrite(int peer) const;
+  // No frame to `peer` is partly written: a transport's own frame may go between.
+  bool betweenFrames(int peer) const;
+  // Why `peer` failed; empty while it has not.
+  const std::string& peerFailure(int peer) const;
+  // `peer` died or broke the group: every request of every peer fails naming it.
+  void failPeer(int peer, const std::string& why);
+  // `peer` left (destroyed its group): its requests fail, the others live on.
+  void peerLeft(int peer, const std::string& why);
+  // Fails posted receives of `tag` whose call disagrees with `call`, which `sender` runs there;
+  // true when one failed.
+  bool failDisagreeing(int sender, uint64_t tag, const CallSignature& call);
+  // The call of the oldest message of `tag` from `peer` that nobody asked for, after reading
+  // what the peer's Link holds.
+  std::optional<CallSignature> arrivedCall(int peer, uint64_t tag);
+  const std::string& abortReason() const {
+    return abortReason_;
+  }
+
+ private:
+  struct Op;
+  struct Frame;
+  struct Held;
+  struct Peer;
+
+  void progress(std::unique_lock<std::mutex>& lock, Deadline deadline) final;
+  bool hasPending() const final;
+  bool trySend(Peer& peer);
+  bool tryRecv(Peer& peer);
+  // tryRecv by a thread that is not driving progress (it wakes the one that is).
+  void readOutOfTurn(Peer& peer);
+  // Queues a frame and pushes it out at once where the Link takes it.
+  void queue(Peer& peer, Frame frame);
+  // A complete header arrived; true when a request completed.
+  bool onHeader(Peer& peer);
+  // The payload that followed it arrived; true when a request completed.
+  bool onPayload(Peer& peer);
+  // A message (ready-to-send) matched receive `op`: fetches its payload or asks for it.
+  void answerReadyToSend(Peer& peer, const std::shared_ptr<Op>& op, const WireHeader& header, bool accepted);
+  // Consumed eager payload: returned to the sender once enough has gathered.
+  void credit(Peer& peer, size_t nbytes);
+  std::shared_ptr<Op> matchPosted(Peer& peer, uint64_t tag);
+  bool takeHeld(Peer& peer, const std::shared_ptr<Op>& op);
+  void failPending(Peer& peer, CommError::Kind kind, const std::string& why);
+  void peerClosed(Peer& peer);
+  void checkHeldCalls();
+  void probeWaits();
+
+  const int rank_;
+  const int size_;
+  const MessageOptions options_;
+  std::vector<std::unique_ptr<Peer>> peers_; // indexed by rank; null for self and unreachable
+  std::map<uint64_t, std::deque<std::shared_ptr<Op>>> anyPeerReceives_;
+  std::string abortReason_;
+};
+
+} // namespace torus
