@@ -1,6 +1,9 @@
 #include "transport/polled_transport.h"
 
+#include <pthread.h>
+
 #include <algorithm>
+#include <set>
 #include <sstream>
 #include <thread>
 
@@ -73,9 +76,69 @@ struct PolledTransport::Progressing {
   }
 };
 
-PolledTransport::~PolledTransport() {
-  stopHelper();
-}
+// The process's one helper thread and the transports it watches. Never destroyed, and its
+// thread detached: transports may outlive static destructors.
+class ProgressHelper {
+ public:
+  static ProgressHelper& instance() {
+    static ProgressHelper* helper = [] {
+      ::pthread_atfork(&beforeFork, &inParent, &inChild);
+      return new ProgressHelper();
+    }();
+    return *helper;
+  }
+
+  void join(PolledTransport* transport) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    transports_.insert(transport);
+    if (!running_) {
+      running_ = true;
+      std::thread([this] { run(); }).detach();
+    }
+  }
+
+  // Returns once the helper no longer touches `transport`.
+  void leave(PolledTransport* transport) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    transports_.erase(transport);
+  }
+
+ private:
+  void run() {
+    std::unique_lock<std::mutex> lock(mutex_);
+    for (;;) {
+      bool drove = false;
+      for (PolledTransport* transport : transports_) {
+        drove |= transport->helpIfUnattended();
+      }
+      if (!drove) {
+        // Unlocked while asleep, so that transports join and leave meanwhile.
+        lock.unlock();
+        std::this_thread::sleep_for(PolledTransport::kUnattended);
+        lock.lock();
+      }
+    }
+  }
+
+  // A child forked while the helper held the lock would deadlock at its first join; it has no
+  // helper thread, and its parent's transports are not its own.
+  static void beforeFork() {
+    instance().mutex_.lock();
+  }
+  static void inParent() {
+    instance().mutex_.unlock();
+  }
+  static void inChild() {
+    ProgressHelper& helper = instance();
+    helper.transports_.clear();
+    helper.running_ = false;
+    helper.mutex_.unlock();
+  }
+
+  std::mutex mutex_;
+  std::set<PolledTransport*> transports_;
+  bool running_ = false;
+};
 
 bool PolledTransport::waitFor(const std::vector<RequestPtr>& requests, Deadline until) {
   std::unique_lock<std::mutex> lock(mutex_);
@@ -131,43 +194,36 @@ bool PolledTransport::test(const RequestPtr& request) {
   return op.complete;
 }
 
-void PolledTransport::startHelper() {
-  helper_ = std::thread([this] { helperLoop(); });
+void PolledTransport::joinHelper() {
+  ProgressHelper::instance().join(this);
 }
 
-void PolledTransport::stopHelper() {
-  if (!helper_.joinable()) {
-    return;
-  }
+void PolledTransport::leaveHelper() {
   {
     std::lock_guard<std::mutex> lock(mutex_);
-    stopping_ = true;
+    leaving_ = true;
     if (helperDriving_) {
       wakeSleeper();
     }
   }
-  helperWake_.notify_all();
-  helper_.join();
+  ProgressHelper::instance().leave(this);
 }
 
-void PolledTransport::helperLoop() {
+bool PolledTransport::helpIfUnattended() {
   std::unique_lock<std::mutex> lock(mutex_);
-  uint64_t seen = progressRuns_;
-  while (!stopping_) {
-    helperWake_.wait_for(lock, kUnattended);
-    const bool unattended = !stopping_ && !progressing_ && progressRuns_ == seen && hasPending();
-    seen = progressRuns_;
-    if (!unattended) {
-      continue;
-    }
-    helperDriving_ = true;
-    while (!stopping_ && !progressing_ && waitersWanting_ == 0 && hasPending()) {
-      Progressing progressing(*this);
-      progress(lock, Clock::now() + kUnattended);
-    }
-    helperDriving_ = false;
-    seen = progressRuns_;
+  const bool unattended = !leaving_ && !progressing_ && waitersWanting_ == 0 && progressRuns_ == helperSeen_ &&
+                          hasPending();
+  helperSeen_ = progressRuns_;
+  if (!unattended) {
+    return false;
   }
+  helperDriving_ = true;
+  {
+    Progressing progressing(*this);
+    progress(lock, Clock::now() + kUnattended);
+  }
+  helperDriving_ = false;
+  return true;
 }
 
 bool PolledTransport::spinBriefly(std::unique_lock<std::mutex>& lock) {

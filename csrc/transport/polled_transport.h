@@ -8,7 +8,6 @@
 #include <mutex>
 #include <optional>
 #include <string>
-#include <thread>
 #include <vector>
 
 #include "transport/transport.h"
@@ -67,7 +66,6 @@ std::string describePending(const std::vector<RequestPtr>& requests);
 
 class PolledTransport : public Transport {
  public:
-  ~PolledTransport() override;
   void wait(const std::vector<RequestPtr>& requests, Deadline deadline) final;
   bool test(const RequestPtr& request) final;
   // As wait(), but returns false once `until` has passed (after at least one attempt to make
@@ -94,12 +92,12 @@ class PolledTransport : public Transport {
   // where a sleep costs a wake-up); true when something completed.
   bool spinBriefly(std::unique_lock<std::mutex>& lock);
 
-  // The helper: a thread that drives progress when requests have been pending for kUnattended
-  // with no thread driving it, so that a send or receive nobody waits on still completes (as
-  // gloo's do); it hands over to the first thread that waits. A transport starts it once it
-  // can move messages and stops it first thing when destroyed.
-  void startHelper();
-  void stopHelper();
+  // The helper: one thread per process that drives a transport's progress when its requests
+  // have been pending for kUnattended with no thread driving it, so that a send or receive
+  // nobody waits on still completes (as gloo's do); it hands over to the first thread that
+  // waits. A transport joins once it can move messages and leaves first thing when destroyed.
+  void joinHelper();
+  void leaveHelper();
 
   mutable std::mutex mutex_;
   std::condition_variable progressed_;
@@ -107,16 +105,19 @@ class PolledTransport : public Transport {
 
  private:
   struct Progressing;
-  void helperLoop();
+  friend class ProgressHelper;
+  // By the helper: one progress() call if the transport has been unattended since the last
+  // visit; true when it drove progress.
+  bool helpIfUnattended();
 
-  std::thread helper_;
-  std::condition_variable helperWake_;
-  bool stopping_ = false;
+  bool leaving_ = false;
   bool helperDriving_ = false;
   // Threads waiting for the helper to hand progress over.
   int waitersWanting_ = 0;
-  // Counts the times a thread other than the helper drove progress (or tried to).
+  // Counts the times a thread other than the helper drove progress (or tried to), and the count
+  // the helper saw last.
   uint64_t progressRuns_ = 0;
+  uint64_t helperSeen_ = 0;
 };
 
 } // namespace torus

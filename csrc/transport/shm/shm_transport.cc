@@ -301,11 +301,11 @@ ShmTransport::ShmTransport(int rank, int size, Rendezvous& rendezvous, std::vect
     std::iota(members.begin(), members.end(), 0);
   }
   connectAll(rendezvous, members);
-  startHelper();
+  joinHelper();
 }
 
 ShmTransport::~ShmTransport() {
-  stopHelper();
+  leaveHelper();
   if (self_->base != nullptr) {
     self_->control()->left.store(1, std::memory_order_seq_cst);
     for (auto& peer : peers_) {

@@ -238,11 +238,11 @@ TcpTransport::TcpTransport(int rank, int size, Rendezvous& rendezvous, const Tcp
     }
     throw;
   }
-  startHelper();
+  joinHelper();
 }
 
 TcpTransport::~TcpTransport() {
-  stopHelper();
+  leaveHelper();
   WireHeader goodbye;
   goodbye.kind = kGoodbyeFrame;
   for (auto& pair : pairs_) {
