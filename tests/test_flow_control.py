@@ -30,22 +30,22 @@ def _touched(n, dtype):
     return t
 
 
-def _case_sends_ahead(ctx, nbytes, count, same_tag):
-    """Rank 0 sends `count` messages of `nbytes` and then a small one (SMALL_TAG); rank 1 first
-    receives the small one, so everything before it arrives unasked, then receives the rest."""
+def _run_ahead(ctx, nbytes, count, start):
+    """Rank 0 starts `count` transfers of `nbytes` with start(tensors), which returns their works,
+    and then sends a small message (SMALL_TAG); rank 1 receives that first, while the transfers'
+    messages arrive unasked. Rank 1 returns its `count` tensors (to complete the transfers into)
+    and problems seen so far; rank 0 returns (None, [])."""
     import torch
     import torch.distributed as dist
 
-    tags = [1 if same_tag else k + 1 for k in range(count)]
     small = torch.zeros(4, dtype=torch.int32)
     if ctx.rank == 0:
-        payloads = [torch.full((nbytes,), k % 251, dtype=torch.uint8) for k in range(count)]
-        works = [dist.isend(p, 1, tag=tag) for p, tag in zip(payloads, tags)]
+        works = start([torch.full((nbytes,), k % 251, dtype=torch.uint8) for k in range(count)])
         dist.send(small + 7, 1, tag=SMALL_TAG)
         for work in works:
             work.wait()
-        return []
-    received = [_touched(nbytes, torch.uint8) for _ in range(count)]
+        return None, []
+    tensors = [_touched(nbytes, torch.uint8) for _ in range(count)]
     before = _rss_bytes()
     dist.recv(small, 0, tag=SMALL_TAG)
     grown = _rss_bytes() - before
@@ -55,10 +55,21 @@ def _case_sends_ahead(ctx, nbytes, count, same_tag):
                         f"(limit {HELD_LIMIT / MiB:.0f} MiB): payload nobody asked for was held")
     if small.tolist() != [7] * 4:
         problems.append(f"small message is {small.tolist()}")
-    for k, (buf, tag) in enumerate(zip(received, tags)):
-        dist.recv(buf, 0, tag=tag)
+    return tensors, problems
+
+
+def _case_sends_ahead(ctx, nbytes, count, same_tag):
+    """Point-to-point: rank 0 sends `count` messages ahead, then rank 1 receives them in order."""
+    import torch
+    import torch.distributed as dist
+
+    tags = [1 if same_tag else k + 1 for k in range(count)]
+    received, problems = _run_ahead(ctx, nbytes, count,
+                                    lambda payloads: [dist.isend(p, 1, tag=t) for p, t in zip(payloads, tags)])
+    for k, buf in enumerate(received or []):
+        dist.recv(buf, 0, tag=tags[k])
         if not torch.equal(buf, torch.full_like(buf, k % 251)):
-            problems.append(f"message {k} (tag {tag}) holds {buf[:4].tolist()}..., expected {k % 251}")
+            problems.append(f"message {k} (tag {tags[k]}) holds {buf[:4].tolist()}..., expected {k % 251}")
             break
     return problems
 
@@ -72,28 +83,13 @@ def test_unasked_payload_is_bounded(backend, nbytes, count, same_tag):
 
 
 def _case_root_runs_ahead(ctx, nbytes, count):
-    """Rank 0 starts `count` broadcasts and then sends a small message; rank 1 receives that
-    first (while the broadcasts' messages arrive unasked), then joins the broadcasts."""
+    """Collectives: rank 0 starts `count` broadcasts ahead, then rank 1 joins them."""
     import torch
     import torch.distributed as dist
 
-    small = torch.zeros(4, dtype=torch.int32)
-    if ctx.rank == 0:
-        tensors = [torch.full((nbytes,), k % 251, dtype=torch.uint8) for k in range(count)]
-        works = [dist.broadcast(t, 0, async_op=True) for t in tensors]
-        dist.send(small + 7, 1, tag=SMALL_TAG)
-        for work in works:
-            work.wait()
-        return []
-    tensors = [_touched(nbytes, torch.uint8) for _ in range(count)]
-    before = _rss_bytes()
-    dist.recv(small, 0, tag=SMALL_TAG)
-    grown = _rss_bytes() - before
-    problems = []
-    if grown > HELD_LIMIT:
-        problems.append(f"resident memory grew by {grown / MiB:.0f} MiB while the root ran ahead "
-                        f"(limit {HELD_LIMIT / MiB:.0f} MiB)")
-    for k, t in enumerate(tensors):
+    tensors, problems = _run_ahead(ctx, nbytes, count,
+                                   lambda sources: [dist.broadcast(t, 0, async_op=True) for t in sources])
+    for k, t in enumerate(tensors or []):
         dist.broadcast(t, 0)
         if not torch.equal(t, torch.full_like(t, k % 251)):
             problems.append(f"broadcast {k} holds {t[:4].tolist()}..., expected {k % 251}")
