@@ -148,6 +148,12 @@ bool crossCopy(int pid, char* local, uint64_t remote, size_t nbytes, bool read) 
   return true;
 }
 
+// "rank R gave up on the group: <why>", from the control block of rank R, which gave up.
+std::string gaveUpText(const ControlBlock* control, int rank) {
+  return "rank " + std::to_string(rank) + " gave up on the group: " +
+         std::string(control->faultText, ::strnlen(control->faultText, kFaultTextBytes));
+}
+
 // Moves nbytes between this process's `local` and the memory of the peer whose control block is
 // `peer` (its pid `pid`), unless the peer has given up on the group: its abort() then waits for
 // copies under way, so that it frees no buffer a copy still touches. Throws CommError naming
@@ -160,8 +166,7 @@ void guardedCrossCopy(ControlBlock* peer, int pid, int peerRank, char* local, ui
   const int err = errno;
   peer->crossCopiers.fetch_sub(1, std::memory_order_release);
   if (gaveUp) {
-    throw CommError(CommError::Kind::kPeer, "rank " + std::to_string(peerRank) + " gave up on the group: " +
-                                                std::string(peer->faultText, ::strnlen(peer->faultText, kFaultTextBytes)));
+    throw CommError(CommError::Kind::kPeer, gaveUpText(peer, peerRank));
   }
   if (!copied) {
     errno = err;
@@ -428,9 +433,7 @@ bool ShmTransport::checkPeers() {
   for (auto& peer : peers_) {
     if (peer && peerFailure(peer->rank).empty() &&
         peer->segment.control()->faulted.load(std::memory_order_acquire) != 0) {
-      const char* text = peer->segment.control()->faultText;
-      failPeer(peer->rank, "rank " + std::to_string(peer->rank) + " gave up on the group: " +
-                               std::string(text, ::strnlen(text, kFaultTextBytes)));
+      failPeer(peer->rank, gaveUpText(peer->segment.control(), peer->rank));
       failed = true;
     }
   }
