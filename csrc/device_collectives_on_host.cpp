@@ -436,7 +436,7 @@ class DeviceCollectivesOnHost {
     TORUS_CHECK_ARG(hosts.size() == static_cast<size_t>(size), hosts.size(), " hosts for ", size, " ranks");
     TORUS_CHECK_ARG(arenaBytes > 0, "arena_bytes must be positive");
     TORUS_CHECK_ARG(timeoutSeconds > 0, "timeout_s must be positive");
-    CallbackRendezvous rendezvous(std::move(set), std::move(get));
+    auto rendezvous = std::make_shared<CallbackRendezvous>(std::move(set), std::move(get));
     TcpOptions options;
     options.timeout = std::chrono::duration_cast<std::chrono::milliseconds>(timeout_);
     transport_ = std::make_shared<TcpTransport>(rank, size, rendezvous, options);
@@ -445,7 +445,7 @@ class DeviceCollectivesOnHost {
     group_ = std::make_unique<Comm>(transport_, everyone, rank);
     Comm setup = *group_;
     prepare(setup, everyone, CallSignature{kSetup});
-    arenas_ = std::make_shared<HostArenas>(setup, rendezvous, hosts, arenaBytes);
+    arenas_ = std::make_shared<HostArenas>(setup, *rendezvous, hosts, arenaBytes);
     group_->attachDeviceArenas(arenas_);
   }
 

@@ -32,7 +32,7 @@ class SubsetComms {
   SubsetComms(int rank, int size, const std::vector<int>& hosts, CallbackRendezvous::Set set,
               CallbackRendezvous::Get get)
       : rank_(rank) {
-    CallbackRendezvous rendezvous(std::move(set), std::move(get));
+    auto rendezvous = std::make_shared<CallbackRendezvous>(std::move(set), std::move(get));
     std::vector<bool> sameHost;
     std::vector<int> hostMembers;
     for (int r = 0; r < size; ++r) {
@@ -42,7 +42,7 @@ class SubsetComms {
       }
     }
     transport_ = std::make_shared<HybridTransport>(std::make_unique<TcpTransport>(rank, size, rendezvous, TcpOptions{}),
-                                                   std::make_unique<ShmTransport>(rank, size, rendezvous, hostMembers),
+                                                   std::make_unique<ShmTransport>(rank, size, *rendezvous, hostMembers),
                                                    std::move(sameHost));
   }
 

@@ -151,7 +151,7 @@ def _run_kind(kind: str, rank: int, world_size: int) -> None:
         raise ValueError(kind)
 
 
-def _killed_rank(rank, world_size, path, transport, kind, victim, queue, done, allreduce, fork_child):
+def _killed_rank(rank, world_size, path, transport, kind, victim, queue, done, allreduce, fork_child, warm_up):
     os.environ["TORUS_TRANSPORT"] = transport
     os.environ["TORUS_ALLREDUCE"] = allreduce
     if transport == "auto":
@@ -162,7 +162,8 @@ def _killed_rank(rank, world_size, path, transport, kind, victim, queue, done, a
     # The timeout is long: a survivor that reports it waited it out has failed.
     dist.init_process_group("torus", init_method="file://" + path, rank=rank, world_size=world_size,
                             timeout=datetime.timedelta(seconds=120))
-    _run_kind(kind, rank, world_size)
+    if warm_up:
+        _run_kind(kind, rank, world_size)
     if rank == victim:
         if fork_child and os.fork() == 0:
             # A DataLoader worker, say: it outlives the rank and must not keep its connections.
@@ -216,13 +217,20 @@ def test_killed_rank_with_a_forked_child_fails_the_others(backend, tmp_path, kin
     _killed_rank_fails_the_others(tmp_path, _transports(backend), kind, victim=2, fork_child=True)
 
 
-def _killed_rank_fails_the_others(tmp_path, transport, kind, victim, allreduce="auto", fork_child=False):
+@pytest.mark.parametrize("kind", ["all_reduce", "barrier", "send_recv"])
+def test_rank_killed_before_its_first_call_fails_the_others(backend, tmp_path, kind):
+    """TCP connects to a peer when first needed: a rank that dies before anyone connected to it
+    is still named at once when a peer tries (gloo's lazy connections wait forever, gloo#520)."""
+    _killed_rank_fails_the_others(tmp_path, _transports(backend), kind, victim=2, warm_up=False)
+
+
+def _killed_rank_fails_the_others(tmp_path, transport, kind, victim, allreduce="auto", fork_child=False, warm_up=True):
     world_size = 3
     context = multiprocessing.get_context("spawn")
     queue, done = context.Queue(), context.Event()
     procs = [context.Process(target=_killed_rank,
                              args=(r, world_size, str(tmp_path / "store"), transport, kind, victim, queue, done,
-                                   allreduce, fork_child))
+                                   allreduce, fork_child, warm_up))
              for r in range(world_size)]
     for p in procs:
         p.start()

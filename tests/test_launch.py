@@ -5,6 +5,8 @@ TCP address the backend picks: from the group's store, or TORUS_SOCKET_IFNAME's 
 
 from __future__ import annotations
 
+import json
+import os
 import socket
 from types import SimpleNamespace
 
@@ -21,7 +23,7 @@ from torch_torus.launch import (MpiLaunch, MpiLaunchError, SlurmLaunch, SlurmLau
                                 init_env_from_launcher, init_env_from_mpi, init_env_from_slurm,
                                 mpi_launch_from_env, slurm_launch_from_env)
 from torch_torus.network import local_address
-from torch_torus.topology import check_addresses, rendezvous_environ
+from torch_torus.topology import Meeting, meet, meeting_of, publish_failure, rendezvous_environ
 
 # What each mpiexec sets for the second of four ranks on one host (seen with MPICH 5.0.2's
 # and Open MPI 5.0.11's mpiexec from PyPI), trimmed to the variables read.
@@ -303,25 +305,66 @@ def test_the_address_routes_to_the_tcpstore():
 
 
 def test_a_loopback_address_across_hosts_is_refused():
-    store = dist.HashStore()
-    store.set("torus/addr/1", "10.0.0.2")
+    def meeting(*records):
+        answer = meeting_of([json.dumps({"id": host, "address": address, "ifname": ifname})
+                             for host, address, ifname in records])
+        return Meeting([f"host{h}" for h in answer["hosts"]], answer["loopback"] and tuple(answer["loopback"]))
+
+    across = meeting(("a", "127.0.0.1", "lo"), ("b", "10.0.0.2", ""))
     with pytest.raises(ConfigError, match="rank 0 would listen on 127.0.0.1, a loopback address "
                                           "\\(from TORUS_SOCKET_IFNAME='lo'\\), but the group "
                                           "spans 2 hosts"):
-        check_addresses(store, 0, 2, ["a", "b"], "127.0.0.1", "lo")
-    check_addresses(dist.HashStore(), 0, 1, ["a"], "127.0.0.1", "")  # one host: fine
-    store = dist.HashStore()
-    store.set("torus/addr/1", "127.0.0.1")
+        across.check_addresses(0)
+    with pytest.raises(ConfigError, match="rank 0 would listen on 127.0.0.1, a loopback address "
+                                          "\\(rank 0's own error says where it comes from\\)"):
+        across.check_addresses(1)
+    meeting(("a", "127.0.0.1", ""), ("a", "127.0.0.1", "")).check_addresses(0)  # one host: fine
     with pytest.raises(ConfigError, match="rank 1 would listen on 127.0.0.1"):
-        check_addresses(store, 0, 2, ["a", "b"], "10.0.0.1", "")
+        meeting(("a", "10.0.0.1", ""), ("b", "127.0.0.1", "")).check_addresses(0)
+
+
+def test_ranks_meet_through_one_key_each():
+    """Rank 0 reads every rank's record and publishes one answer; the others read only that."""
+    store = dist.HashStore()
+    for rank, host in ((1, "x"), (2, "y"), (3, "x")):
+        store.set(f"torus/host/{rank}", json.dumps({"id": host, "address": "10.0.0.1", "ifname": ""}))
+    assert meet(store, 0, 4, "y", "10.0.0.1").hosts == ["host0", "host1", "host0", "host1"]
+    reads = []
+
+    class CountingStore(dist.Store):
+        def set(self, key, value):
+            store.set(key, value)
+
+        def get(self, key):
+            reads.append(key)
+            return store.get(key)
+
+    assert meet(CountingStore(), 3, 4, "x", "10.0.0.1").hosts == ["host0", "host1", "host0", "host1"]
+    assert reads == ["torus/meeting"]
+
+
+def test_a_rank_that_cannot_join_is_named_on_every_rank():
+    store = dist.HashStore()
+    publish_failure(store, 2, "TORUS_CHUNK_BYTES='x' is not a size")
+    store.set("torus/host/1", json.dumps({"id": "a", "address": "10.0.0.1", "ifname": ""}))
+    with pytest.raises(ConfigError, match="rank 2 cannot create the group: TORUS_CHUNK_BYTES='x' is not a size"):
+        meet(store, 0, 3, "a", "10.0.0.1")
+    with pytest.raises(ConfigError, match="rank 2 cannot create the group"):
+        meet(store, 1, 3, "a", "10.0.0.1")
+    alone = dist.HashStore()
+    publish_failure(alone, 0, "no such interface")  # rank 0 fails: nobody else would answer
+    with pytest.raises(ConfigError, match="rank 0 cannot create the group: no such interface"):
+        meet(alone, 1, 2, "a", "10.0.0.1")
 
 
 def test_interface_address_of_loopback():
     assert local_address("lo") == "127.0.0.1"
     assert local_address("", environ={"MASTER_ADDR": "127.0.0.1"}) == "127.0.0.1"
+    if socket.has_ipv6 and os.path.exists("/proc/net/if_inet6"):
+        assert local_address("", environ={"MASTER_ADDR": "::1"}) == "::1"
 
 
-def test_the_interface_address_is_its_first_ipv4_address(monkeypatch):
+def test_the_interface_address_is_its_first_ipv4_address_else_ipv6(monkeypatch):
     def entry(family, address):
         return SimpleNamespace(family=family, address=address, netmask=None, broadcast=None, ptp=None)
 
@@ -329,10 +372,12 @@ def test_the_interface_address_is_its_first_ipv4_address(monkeypatch):
         "ib0": [entry(psutil.AF_LINK, "80:00:02:08"), entry(socket.AF_INET6, "fe80::1"),
                 entry(socket.AF_INET, "10.1.2.3"), entry(socket.AF_INET, "10.9.9.9")],
         "tap0": [entry(psutil.AF_LINK, "02:00:00:00:00:01")],
+        "eth6": [entry(socket.AF_INET6, "fd00::2"), entry(socket.AF_INET6, "fe80::fc00:ff:fe00:1%eth6")],
     }
     monkeypatch.setattr(psutil, "net_if_addrs", lambda: interfaces)
     assert local_address("ib0") == "10.1.2.3"
-    with pytest.raises(ConfigError, match="TORUS_SOCKET_IFNAME='tap0': the interface has no IPv4 address"):
+    assert local_address("eth6") == "fd00::2"  # no IPv4 address: the first IPv6 one
+    with pytest.raises(ConfigError, match="TORUS_SOCKET_IFNAME='tap0': the interface has no IPv4 or IPv6 address"):
         local_address("tap0")
     with pytest.raises(ConfigError, match="TORUS_SOCKET_IFNAME='eth9': the interface does not exist here"):
         local_address("eth9")

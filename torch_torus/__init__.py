@@ -17,8 +17,7 @@ from .config import SETTINGS, ConfigError, Options, resolve
 from .launch import init_from_launcher, init_from_mpi, init_from_slurm
 from .network import local_address
 from .selection import describe, resolve_tables
-from .topology import (check_addresses, choose_grid, choose_transport, exchange_host_ids, host_identity,
-                       publish_failure, rendezvous_environ)
+from .topology import choose_grid, choose_transport, host_identity, meet, publish_failure, rendezvous_environ
 from .tuning import read as read_tuning
 from .tuning import tuned_allreduce
 
@@ -68,10 +67,11 @@ def _create_backend(dist_options, pg_options) -> _C.ProcessGroupTorus:
     except Exception as error:
         publish_failure(store, rank, str(error) if isinstance(error, ConfigError) else f"{type(error).__name__}: {error}")
         raise
-    hosts = exchange_host_ids(store, rank, size, identity)
+    meeting = meet(store, rank, size, identity, address, values["socket_ifname"])
+    hosts = meeting.hosts
     config, grid, transport, tables, tuned = group_config(values, size, hosts, address, tuning)
     if transport != "shm" and not values["host_id"]:
-        check_addresses(store, rank, size, hosts, address, values["socket_ifname"])
+        meeting.check_addresses(rank)
     name = dist_options.group_id or ""
     if config.log_level >= 1 and rank == 0:
         layout = f"torus grid {grid}" if grid else f"no torus grid for {size} ranks: torus runs as ring"

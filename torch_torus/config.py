@@ -270,8 +270,8 @@ SETTINGS: tuple[Setting, ...] = (
         "TORUS_SOCKET_IFNAME",
         "",
         _interface_name,
-        "Network interface whose IPv4 address the TCP transport uses; empty: the address that "
-        "routes to MASTER_ADDR, else the host name's address.",
+        "Network interface whose address the TCP transport uses (its first IPv4 address, else its "
+        "first IPv6 one); empty: the address that routes to MASTER_ADDR, else the host name's address.",
     ),
     Setting(
         "TORUS_TUNING_FILE",

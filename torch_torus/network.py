@@ -1,4 +1,4 @@
-"""The IPv4 address a rank listens on and publishes to its peers."""
+"""The address (IPv4, else IPv6) a rank listens on and publishes to its peers."""
 
 from __future__ import annotations
 
@@ -12,17 +12,19 @@ from .config import ConfigError
 
 
 def interface_address(name: str) -> str:
-    """The first IPv4 address of the network interface `name` (TORUS_SOCKET_IFNAME)."""
+    """The first IPv4 address of the network interface `name` (TORUS_SOCKET_IFNAME), else its
+    first IPv6 address (a link-local one carries its scope, e.g. fe80::1%eth0)."""
     addresses = psutil.net_if_addrs().get(name, [])
-    ipv4 = [address.address for address in addresses if address.family == socket.AF_INET]
-    if not ipv4:
-        why = "has no IPv4 address" if addresses else "does not exist here"
-        raise ConfigError(f"TORUS_SOCKET_IFNAME={name!r}: the interface {why}")
-    return ipv4[0]
+    for family in (socket.AF_INET, socket.AF_INET6):
+        found = [address.address for address in addresses if address.family == family]
+        if found:
+            return found[0]
+    why = "has no IPv4 or IPv6 address" if addresses else "does not exist here"
+    raise ConfigError(f"TORUS_SOCKET_IFNAME={name!r}: the interface {why}")
 
 
 def local_address(ifname: str, environ: Mapping[str, str] | None = None) -> str:
-    """The IPv4 address this rank listens on and publishes to its peers: `ifname`'s when given;
+    """The address this rank listens on and publishes to its peers: `ifname`'s when given;
     else the one that routes to MASTER_ADDR in `environ` (default os.environ); else the host
     name's; else loopback."""
     environ = os.environ if environ is None else environ
@@ -31,9 +33,11 @@ def local_address(ifname: str, environ: Mapping[str, str] | None = None) -> str:
     master = environ.get("MASTER_ADDR")
     if master:
         try:
-            with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
-                probe.connect((master, int(environ.get("MASTER_PORT", "29500") or 29500)))
-                return probe.getsockname()[0]
+            port = int(environ.get("MASTER_PORT", "29500") or 29500)
+            for family, _, _, _, where in socket.getaddrinfo(master, port, type=socket.SOCK_DGRAM):
+                with socket.socket(family, socket.SOCK_DGRAM) as probe:
+                    probe.connect(where)
+                    return probe.getsockname()[0]
         except OSError:
             pass
     try:

@@ -9,6 +9,7 @@ share a host name while they cannot share loopback or reach each other's process
 from __future__ import annotations
 
 import ipaddress
+import json
 import math
 import os
 import socket
@@ -34,28 +35,93 @@ def host_identity() -> str:
     return "|".join(parts)
 
 
-# A rank that cannot create the group publishes this, then its error, in place of its identity
-# (identities are printable text, so never start with it).
+# A rank that cannot create the group publishes this, then its error, in place of its record.
 _FAILED = "\x00failed\x00"
+# Where rank 0 publishes what every rank reads back.
+_MEETING_KEY = "torus/meeting"
 
 
 def publish_failure(store, rank: int, error: str) -> None:
-    """Tell the group's other ranks, waiting in exchange_host_ids, that this one cannot join."""
+    """Tell the group's other ranks, waiting in meet(), that this one cannot join."""
     try:
         store.set(f"torus/host/{rank}", _FAILED + error)
+        if rank == 0:  # nobody else would publish the meeting
+            store.set(_MEETING_KEY, json.dumps({"failed": {"0": error}}))
     except Exception:  # the store is gone too: the others will time out, naming the key
         pass
 
 
-def exchange_host_ids(store, rank: int, size: int, identity: str) -> list[str]:
-    """Every rank's host identity, in rank order, through the group's store. A ConfigError
-    naming the rank(s) and their errors when some could not create the group."""
-    store.set(f"torus/host/{rank}", identity)
-    values = [bytes(v).decode("utf-8", "replace") for v in store.multi_get([f"torus/host/{r}" for r in range(size)])]
-    failed = {r: v[len(_FAILED):] for r, v in enumerate(values) if v.startswith(_FAILED)}
+@dataclass(frozen=True)
+class Meeting:
+    """What the ranks of a group learn of each other when they meet in its store."""
+
+    hosts: list[str]  # each rank's host, as "host<i>" (i counts hosts by their lowest rank)
+    # The first rank that would listen on a loopback address while the group spans hosts, its
+    # address, and its TORUS_SOCKET_IFNAME; None when there is none.
+    loopback: tuple[int, str, str] | None = None
+
+    def check_addresses(self, rank: int) -> None:
+        """Fail, on every rank alike, when a rank would publish a loopback address to peers on
+        other hosts (they would try it until the timeout): e.g. a host name that resolves to
+        127.0.1.1 and no MASTER_ADDR to route to, or TORUS_SOCKET_IFNAME=lo."""
+        if self.loopback is None:
+            return
+        peer, address, ifname = self.loopback
+        if peer != rank:
+            how = f"rank {peer}'s own error says where it comes from"
+        elif ifname:
+            how = f"from TORUS_SOCKET_IFNAME={ifname!r}"
+        else:
+            how = "the address routing to the rendezvous host, else the host name's"
+        raise ConfigError(
+            f"torus: rank {peer} would listen on {address}, a loopback address ({how}), "
+            f"but the group spans {len(set(self.hosts))} hosts, whose ranks cannot reach it; set "
+            "TORUS_SOCKET_IFNAME to the interface that connects the hosts (e.g. eth0), or "
+            "rendezvous at an address the hosts share (MASTER_ADDR, init_method tcp://)")
+
+
+def _is_loopback(address: str) -> bool:
+    try:
+        return ipaddress.ip_address(address).is_loopback
+    except ValueError:
+        return False
+
+
+def meeting_of(records: list[str]) -> dict:
+    """Rank 0's answer to the records every rank published (rank order): failures, else host
+    numbers and the loopback verdict."""
+    failed = {str(r): v[len(_FAILED):] for r, v in enumerate(records) if v.startswith(_FAILED)}
     if failed:
-        raise ConfigError("; ".join(f"rank {r} cannot create the group: {why}" for r, why in failed.items()))
-    return values
+        return {"failed": failed}
+    parsed = [json.loads(v) for v in records]
+    numbers: dict[str, int] = {}
+    hosts = [numbers.setdefault(record["id"], len(numbers)) for record in parsed]
+    loopback = None
+    if len(numbers) > 1:
+        loopback = next(([r, record["address"], record["ifname"]] for r, record in enumerate(parsed)
+                         if _is_loopback(record["address"])), None)
+    return {"hosts": hosts, "loopback": loopback}
+
+
+def meet(store, rank: int, size: int, identity: str, address: str = "", ifname: str = "") -> Meeting:
+    """The ranks of a group meet in its store: each publishes its host identity and address, rank
+    0 reads them all and publishes one answer, which the others read. So a rank reads one key
+    (rank 0: one per rank) however large the group, where reading every rank's record on every
+    rank would cost the store size² reads. A ConfigError naming the rank(s) and their errors
+    when some could not create the group."""
+    record = json.dumps({"id": identity, "address": address, "ifname": ifname})
+    store.set(f"torus/host/{rank}", record)
+    if rank == 0:
+        records = [bytes(v).decode("utf-8", "replace")
+                   for v in store.multi_get([f"torus/host/{r}" for r in range(size)])]
+        answer = meeting_of(records)
+        store.set(_MEETING_KEY, json.dumps(answer))
+    else:
+        answer = json.loads(bytes(store.get(_MEETING_KEY)).decode())
+    if "failed" in answer:
+        raise ConfigError("; ".join(f"rank {r} cannot create the group: {why}" for r, why in answer["failed"].items()))
+    loopback = answer["loopback"]
+    return Meeting([f"host{h}" for h in answer["hosts"]], tuple(loopback) if loopback else None)
 
 
 def rendezvous_environ(store, environ: Mapping[str, str] | None = None) -> Mapping[str, str]:
@@ -70,32 +136,6 @@ def rendezvous_environ(store, environ: Mapping[str, str] | None = None) -> Mappi
     if isinstance(store, dist.TCPStore) and store.host:
         return {**environ, "MASTER_ADDR": store.host, "MASTER_PORT": str(store.port)}
     return environ
-
-
-def check_addresses(store, rank: int, size: int, hosts: list[str], address: str,
-                    ifname: str) -> None:
-    """Fail at once, on every rank, when a rank would publish a loopback address to peers on
-    other hosts (they would try it until the timeout): e.g. a host name that resolves to
-    127.0.1.1 and no MASTER_ADDR to route to, or TORUS_SOCKET_IFNAME=lo."""
-    store.set(f"torus/addr/{rank}", address)
-    addresses = [bytes(v).decode() for v in store.multi_get([f"torus/addr/{r}" for r in range(size)])]
-    for peer, (peer_address, peer_host) in enumerate(zip(addresses, hosts)):
-        try:
-            loopback = ipaddress.ip_address(peer_address).is_loopback
-        except ValueError:
-            loopback = False
-        if loopback and any(host != peer_host for host in hosts):
-            if peer != rank:
-                how = f"rank {peer}'s own error says where it comes from"
-            elif ifname:
-                how = f"from TORUS_SOCKET_IFNAME={ifname!r}"
-            else:
-                how = "the address routing to the rendezvous host, else the host name's"
-            raise ConfigError(
-                f"torus: rank {peer} would listen on {peer_address}, a loopback address ({how}), "
-                f"but the group spans {len(set(hosts))} hosts, whose ranks cannot reach it; set "
-                "TORUS_SOCKET_IFNAME to the interface that connects the hosts (e.g. eth0), or "
-                "rendezvous at an address the hosts share (MASTER_ADDR, init_method tcp://)")
 
 
 # What a group runs over: shm+tcp is shared memory inside each host and TCP between hosts.

@@ -18,7 +18,9 @@ CollectiveExecutor::CollectiveExecutor(int rank, int size, std::string groupName
       comm_(comm),
       arrivals_(std::move(arrivals)),
       failure_(std::move(failure)),
-      worker_(&CollectiveExecutor::runWorker, this) {}
+      worker_(&CollectiveExecutor::runWorker, this) {
+  comm_.setFailureHandler([this](std::exception_ptr raised) { failRunning(raised); });
+}
 
 CollectiveExecutor::~CollectiveExecutor() {
   stop(false);
@@ -92,7 +94,8 @@ void CollectiveExecutor::runWorker() {
 
 std::exception_ptr CollectiveExecutor::run(Job& job) {
   const uint64_t seq = job.work->getSequencenumber();
-  std::exception_ptr error;
+  running_ = &job;
+  runningFailure_.reset();
   try {
     if (logLevel_ >= 2) {
       logLine(rank_, job.context);
@@ -112,25 +115,39 @@ std::exception_ptr CollectiveExecutor::run(Job& job) {
     if (job.device) {
       job.device->recordDone();
     }
+  } catch (...) {
+    failRunning(std::current_exception());
+  }
+  arrivals_->left();
+  running_ = nullptr;
+  return runningFailure_ ? runningFailure_->error : nullptr;
+}
+
+void CollectiveExecutor::failRunning(std::exception_ptr raised) {
+  if (running_ == nullptr || runningFailure_) {
+    return;
+  }
+  runningFailure_ = failureOf(raised);
+  failure_->record(runningFailure_->text);
+  // The failed collective's other sends and receives still point into its buffers and the
+  // scratch; end them all before those are freed or reused.
+  transport_->abort(runningFailure_->text);
+}
+
+CollectiveExecutor::JobFailure CollectiveExecutor::failureOf(std::exception_ptr raised) const {
+  const std::string& context = running_->context;
+  try {
+    std::rethrow_exception(raised);
   } catch (const CommError& e) {
-    const std::string what = explain(e, seq);
-    const std::string failure = job.context + ": " + what;
-    failure_->record(failure);
-    error = asTorchError(std::make_exception_ptr(CommError(e.kind(), what)), job.context);
-    // The failed collective's other sends and receives still point into its buffers and the
-    // scratch; end them all before those are freed or reused.
-    transport_->abort(failure);
+    const std::string what = explain(e, running_->work->getSequencenumber());
+    return {asTorchError(std::make_exception_ptr(CommError(e.kind(), what)), context), context + ": " + what};
   } catch (...) {
     // Not the transport's failure (an allocation, a torch op, a bad grid), but the collective's
     // sends and receives may still be posted into its buffers, and the ranks are out of step:
     // the group fails as for a transport failure, naming the cause.
-    error = asTorchError(std::current_exception(), job.context);
-    const std::string failure = job.context + ": " + describeException(error);
-    failure_->record(failure);
-    transport_->abort(failure);
+    std::exception_ptr error = asTorchError(raised, context);
+    return {error, context + ": " + describeException(error)};
   }
-  arrivals_->left();
-  return error;
 }
 
 std::string CollectiveExecutor::describeException(std::exception_ptr error) {

@@ -13,6 +13,7 @@
 #include <functional>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <thread>
 
@@ -54,9 +55,19 @@ class CollectiveExecutor {
     Body body;
     std::shared_ptr<DeviceCall> device;
   };
+  // A job's failure: the error its work gets, and the text the group records and its peers are
+  // told.
+  struct JobFailure {
+    std::exception_ptr error;
+    std::string text;
+  };
   void runWorker();
   // Runs one job; the error for its work, or null when it succeeded.
   std::exception_ptr run(Job& job);
+  // Fails the running job for `raised`, once: records it for the group and aborts the transport.
+  // From the job's thread (run's catch, or an algorithm through Comm::fail).
+  void failRunning(std::exception_ptr raised);
+  JobFailure failureOf(std::exception_ptr raised) const;
   // The message of an exception.
   static std::string describeException(std::exception_ptr error);
   // The text of a transport's failure, naming the absent ranks or both sides of a mismatch.
@@ -78,6 +89,9 @@ class CollectiveExecutor {
   bool stopping_ = false;
   // The worker's last calls by sequence number, to describe a mismatch found a few calls late.
   std::array<std::pair<uint64_t, CallSignature>, 16> recentCalls_{};
+  // The job the worker runs, and its failure once it has one.
+  const Job* running_ = nullptr;
+  std::optional<JobFailure> runningFailure_;
   std::thread worker_;
 };
 

@@ -20,6 +20,15 @@ class StoreRendezvous : public Rendezvous {
     auto value = store_->get(key);
     return std::string(value.begin(), value.end());
   }
+  bool looksUpFromAnyThread() const override {
+    return true;
+  }
+  std::optional<std::string> tryGet(const std::string& key) override {
+    if (!store_->check({key})) {
+      return std::nullopt;
+    }
+    return get(key);
+  }
 
  private:
   c10::intrusive_ptr<c10d::Store> store_;
@@ -43,7 +52,7 @@ GroupTransport buildTransport(const c10::intrusive_ptr<c10d::Store>& store, int 
       hostMembers.push_back(static_cast<int>(r));
     }
   }
-  StoreRendezvous rendezvous(store);
+  auto rendezvous = std::make_shared<StoreRendezvous>(store);
   try {
     const MessageOptions messages{config.eagerBytes, config.eagerWindowBytes};
     TcpOptions tcp;
@@ -51,7 +60,7 @@ GroupTransport buildTransport(const c10::intrusive_ptr<c10d::Store>& store, int 
     tcp.timeout = timeout;
     tcp.messages = messages;
     if (config.transport == "shm") {
-      auto shm = std::make_shared<ShmTransport>(rank, size, rendezvous, std::vector<int>{}, messages);
+      auto shm = std::make_shared<ShmTransport>(rank, size, *rendezvous, std::vector<int>{}, messages);
       group.description = std::string("shared memory (") +
                           (shm->singleCopy() ? "single-copy transfers" : "no single-copy transfers: two_shot off") +
                           ")";
@@ -60,7 +69,7 @@ GroupTransport buildTransport(const c10::intrusive_ptr<c10d::Store>& store, int 
       TORUS_CHECK_ARG(!hostMembers.empty(), "transport shm+tcp needs the ranks' hosts");
       group.transport = std::make_shared<HybridTransport>(
           std::make_unique<TcpTransport>(rank, size, rendezvous, tcp),
-          std::make_unique<ShmTransport>(rank, size, rendezvous, hostMembers, messages), group.sameHost);
+          std::make_unique<ShmTransport>(rank, size, *rendezvous, hostMembers, messages), group.sameHost);
       group.description = "shared memory inside each host, tcp between hosts (" + config.address + ")";
     } else {
       group.transport = std::make_shared<TcpTransport>(rank, size, rendezvous, tcp);

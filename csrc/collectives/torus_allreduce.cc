@@ -17,7 +17,8 @@
 // segments around it (reduce-scatter of k+1, allgather of k-1), so row and column links are busy
 // together. Row and column Comms share the tag; a row peer is never a column peer, so their
 // messages never mix. With a single segment, or a grid with one row or one column (nothing to
-// overlap), everything runs on the calling thread.
+// overlap), everything runs on the calling thread. A failure of the row phases ends the whole
+// collective (Comm::fail) before the column thread is joined.
 //
 // Rows on shared memory: a row whose ranks share memory with single-copy access (a row on one
 // host) runs its phases as two_shot does, by single copies under one posting per segment:
@@ -225,16 +226,24 @@ void torus_allreduce(Comm& comm, void* buf, size_t count, const Reducer& reducer
   // Each rank of a row runs its row phases in this same order, and each rank of a column its
   // column phases, so every Comm sees the same sequence of calls on all its ranks.
   ColumnThread columnThread(segments, allreduceColumn);
-  reduceScatterRow(0);
-  columnThread.handOver(0);
-  for (size_t segment = 1; segment < segments; ++segment) {
-    reduceScatterRow(segment);
-    columnThread.handOver(segment);
-    columnThread.awaitDone(segment - 1);
-    allgatherRow(segment - 1);
+  try {
+    reduceScatterRow(0);
+    columnThread.handOver(0);
+    for (size_t segment = 1; segment < segments; ++segment) {
+      reduceScatterRow(segment);
+      columnThread.handOver(segment);
+      columnThread.awaitDone(segment - 1);
+      allgatherRow(segment - 1);
+    }
+    columnThread.awaitDone(segments - 1);
+    allgatherRow(segments - 1);
+  } catch (...) {
+    // The column thread may wait on column peers that wait, through their rows, on this rank:
+    // the collective ends (and its peers learn why) before the thread is joined, not after the
+    // column phase has waited out the timeout.
+    comm.fail(std::current_exception());
+    throw;
   }
-  columnThread.awaitDone(segments - 1);
-  allgatherRow(segments - 1);
 }
 
 } // namespace torus

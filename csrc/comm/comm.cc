@@ -63,7 +63,22 @@ Comm Comm::subset(const std::vector<int>& ranks) const {
   comm.call_ = call_;
   comm.deadline_ = deadline_;
   comm.deviceArenas_ = deviceArenas_;
+  comm.onFailure_ = onFailure_;
   return comm;
+}
+
+void Comm::fail(std::exception_ptr error) const {
+  if (onFailure_) {
+    (*onFailure_)(error);
+    return;
+  }
+  try {
+    std::rethrow_exception(error);
+  } catch (const std::exception& e) {
+    transport_->abort(e.what());
+  } catch (...) {
+    transport_->abort("an exception of unknown type");
+  }
 }
 
 std::optional<ArenaView> Comm::deviceArenas() const {

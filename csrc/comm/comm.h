@@ -4,6 +4,8 @@
 #pragma once
 
 #include <cstdint>
+#include <exception>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <vector>
@@ -54,6 +56,17 @@ class Comm {
     return deadline_;
   }
 
+  // How the backend ends a failed collective: every send and receive of the group fails (the
+  // transport aborts, telling the peers why). Set by the backend; subsets share it.
+  using FailureHandler = std::function<void(std::exception_ptr)>;
+  void setFailureHandler(FailureHandler handler) {
+    onFailure_ = std::make_shared<FailureHandler>(std::move(handler));
+  }
+  // For an algorithm with a thread of its own that may wait on the transport (the torus column
+  // phase): ends the collective for `error` now, so that thread's waits return at once rather
+  // than at the deadline, before it is joined. Without a handler, aborts naming the error.
+  void fail(std::exception_ptr error) const;
+
   RequestPtr isend(int peer, const void* buf, size_t nbytes);
   RequestPtr irecv(int peer, void* buf, size_t nbytes);
   void wait(const RequestPtr& request);
@@ -94,6 +107,7 @@ class Comm {
   // Refers into transport_, which outlives it.
   std::shared_ptr<SharedMemory> sharedMemory_;
   std::shared_ptr<const DeviceArenas> deviceArenas_;
+  std::shared_ptr<FailureHandler> onFailure_;
   uint64_t tag_ = 0;
   CallSignature call_;
   Deadline deadline_ = Deadline::max();

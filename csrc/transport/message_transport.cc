@@ -46,10 +46,16 @@ struct MessageTransport::Held {
 
 struct MessageTransport::Peer {
   int rank = -1;
-  Link* link = nullptr;
+  Link* link = nullptr; // null until the transport attaches one
+  bool used = false; // in used_
   std::string failure;
   // The peer said goodbye: it destroyed its group, so the end of its stream is no failure.
   bool left = false;
+  // The peer itself failed (it died, its stream broke, it gave up) or left: nothing more can be
+  // told to it. Other peers of a failed group are failed but can still hear why.
+  bool broke = false;
+  // A frame to the peer was cut off partly written: its stream can carry nothing more.
+  bool cut = false;
 
   // Sending: frames go out in order; the head may be partly written.
   std::deque<Frame> sends;
@@ -89,10 +95,33 @@ MessageTransport::MessageTransport(int rank, int size, MessageOptions options)
 
 MessageTransport::~MessageTransport() = default;
 
-void MessageTransport::attach(int peer, Link* link) {
+void MessageTransport::addPeer(int peer) {
   peers_[peer] = std::make_unique<Peer>();
   peers_[peer]->rank = peer;
-  peers_[peer]->link = link;
+}
+
+void MessageTransport::attach(int peer, Link* link) {
+  if (!peers_[peer]) {
+    addPeer(peer);
+  }
+  Peer& p = *peers_[peer];
+  p.link = link;
+  if (!p.used) {
+    p.used = true;
+    used_.push_back(&p);
+  }
+}
+
+MessageTransport::Peer& MessageTransport::linkedPeer(int rank) {
+  Peer& peer = *peers_[rank];
+  if (!peer.used) {
+    peer.used = true;
+    used_.push_back(&peer);
+  }
+  if (!peer.link && peer.failure.empty() && abortReason_.empty()) {
+    wantLink(rank);
+  }
+  return peer;
 }
 
 RequestPtr MessageTransport::isend(int peer, uint64_t tag, const CallSignature& call, const void* buf,
@@ -102,7 +131,7 @@ RequestPtr MessageTransport::isend(int peer, uint64_t tag, const CallSignature& 
   }
   auto op = makeOp<Op>(this, true, peer, tag, call, buf, nbytes);
   std::lock_guard<std::mutex> lock(mutex_);
-  Peer& p = *peers_[peer];
+  Peer& p = linkedPeer(peer);
   if (!abortReason_.empty()) {
     op->fail(CommError::Kind::kAborted, abortReason_);
     return op;
@@ -116,8 +145,9 @@ RequestPtr MessageTransport::isend(int peer, uint64_t tag, const CallSignature& 
   frame.header.tag = tag;
   frame.header.nbytes = nbytes;
   frame.header.call = call;
-  if (nbytes <= options_.eagerBytes && nbytes <= p.link->peerReadsAbove() &&
-      p.eagerInFlight + nbytes <= options_.eagerWindowBytes) {
+  // Links attached later (TCP's) never read the peer's memory.
+  const size_t peerReadsAbove = p.link ? p.link->peerReadsAbove() : SIZE_MAX;
+  if (nbytes <= options_.eagerBytes && nbytes <= peerReadsAbove && p.eagerInFlight + nbytes <= options_.eagerWindowBytes) {
     frame.header.kind = kEagerFrame;
     frame.payload = op->buf;
     frame.payloadBytes = nbytes;
@@ -125,7 +155,7 @@ RequestPtr MessageTransport::isend(int peer, uint64_t tag, const CallSignature& 
   } else {
     frame.header.kind = kReadyToSendFrame;
     frame.header.sequence = ++p.nextSequence;
-    if (nbytes > p.link->peerReadsAbove()) {
+    if (nbytes > peerReadsAbove) {
       frame.header.address = reinterpret_cast<uint64_t>(buf);
     }
   }
@@ -144,15 +174,15 @@ RequestPtr MessageTransport::irecv(int peer, uint64_t tag, const CallSignature& 
     return op;
   }
   if (peer == kAnyPeer) {
-    for (auto& p : peers_) {
-      if (p && takeHeld(*p, op)) {
+    for (Peer* p : used_) {
+      if (takeHeld(*p, op)) {
         return op;
       }
     }
     anyPeerReceives_[tag].push_back(op);
     return op;
   }
-  Peer& p = *peers_[peer];
+  Peer& p = linkedPeer(peer);
   if (takeHeld(p, op)) {
     return op;
   }
@@ -304,7 +334,7 @@ void MessageTransport::queue(Peer& peer, Frame frame) {
 bool MessageTransport::trySend(Peer& peer) {
   bool completed = false;
   bool wrote = false;
-  while (!peer.sends.empty() && peer.failure.empty()) {
+  while (peer.link && !peer.sends.empty() && peer.failure.empty()) {
     Frame& frame = peer.sends.front();
     iovec parts[2];
     int count = 0;
@@ -352,7 +382,7 @@ bool MessageTransport::tryRecv(Peer& peer) {
   static thread_local std::vector<char> discarded(kDiscardBytes);
   bool completed = false;
   bool readAny = false;
-  while (peer.failure.empty()) {
+  while (peer.link && peer.failure.empty()) {
     char* dst;
     size_t want;
     if (!peer.inPayload) {
@@ -540,6 +570,7 @@ void MessageTransport::failPending(Peer& peer, CommError::Kind kind, const std::
       frame.op->fail(kind, why);
     }
   }
+  peer.cut = peer.cut || peer.headSent != 0;
   peer.sends.clear();
   peer.headSent = 0;
   failAwaiting(peer.awaitingAnswer, kind, why);
@@ -556,6 +587,10 @@ void MessageTransport::failPeer(int rank, const std::string& why) {
   if (!peers_[rank]->failure.empty()) {
     return;
   }
+  if (failure_.empty()) {
+    failure_ = why;
+  }
+  peers_[rank]->broke = true;
   // A group with a dead member cannot finish any collective: every pending request fails and
   // names it, including those with live peers (which may wait on something the dead rank owed),
   // and every peer is marked failed, so no request touches a buffer afterwards.
@@ -575,6 +610,7 @@ void MessageTransport::peerLeft(int rank, const std::string& why) {
     return;
   }
   peer.failure = why;
+  peer.broke = true;
   failPending(peer, CommError::Kind::kPeer, why);
 }
 
@@ -587,15 +623,17 @@ bool MessageTransport::wantsToWrite(int peer) const {
 }
 
 bool MessageTransport::betweenFrames(int peer) const {
-  return peers_[peer]->headSent == 0;
+  return peers_[peer]->headSent == 0 && !peers_[peer]->cut;
+}
+
+bool MessageTransport::canTell(int peer) const {
+  return !peers_[peer]->broke;
 }
 
 bool MessageTransport::failDisagreeing(int sender, uint64_t tag, const CallSignature& call) {
   bool failed = false;
-  for (auto& peer : peers_) {
-    if (peer) {
-      failed |= failDisagreeingIn(peer->posted, sender, tag, call);
-    }
+  for (Peer* peer : used_) {
+    failed |= failDisagreeingIn(peer->posted, sender, tag, call);
   }
   return failDisagreeingIn(anyPeerReceives_, sender, tag, call) || failed;
 }
@@ -604,11 +642,9 @@ void MessageTransport::checkHeldCalls() {
   // A message nobody has asked for, of a call that disagrees with a receive posted for the same
   // collective from another rank: the two ranks called different collectives (or the same one
   // with different peers), which no first message between them shows.
-  for (auto& sender : peers_) {
-    if (sender) {
-      for (auto& [tag, held] : sender->arrived) {
-        failDisagreeing(sender->rank, tag, held.front().header.call);
-      }
+  for (Peer* sender : used_) {
+    for (auto& [tag, held] : sender->arrived) {
+      failDisagreeing(sender->rank, tag, held.front().header.call);
     }
   }
 }
@@ -616,8 +652,8 @@ void MessageTransport::checkHeldCalls() {
 void MessageTransport::probeWaits() {
   // Ranks that disagree on a collective but exchange no message at all would otherwise wait out
   // their timeouts: tell each peer waited on which collective this rank waits in, once each.
-  for (auto& peer : peers_) {
-    if (!peer || !peer->failure.empty()) {
+  for (Peer* peer : used_) {
+    if (!peer->failure.empty()) {
       continue;
     }
     std::vector<Frame> probes;
@@ -662,14 +698,14 @@ std::optional<CallSignature> MessageTransport::arrivedCall(int rank, uint64_t ta
 std::optional<Transport::StrayMessage> MessageTransport::strayMessage(uint64_t upToTag) {
   std::lock_guard<std::mutex> lock(mutex_);
   if (readsCheaply()) {
-    for (auto& peer : peers_) {
-      if (peer && peer->failure.empty()) {
+    for (Peer* peer : used_) {
+      if (peer->failure.empty()) {
         readOutOfTurn(*peer);
       }
     }
   }
-  for (auto& peer : peers_) {
-    if (peer && !peer->arrived.empty() && peer->arrived.begin()->first <= upToTag) {
+  for (Peer* peer : used_) {
+    if (!peer->arrived.empty() && peer->arrived.begin()->first <= upToTag) {
       return StrayMessage{peer->rank, peer->arrived.begin()->first, peer->arrived.begin()->second.front().header.call};
     }
   }
@@ -677,11 +713,11 @@ std::optional<Transport::StrayMessage> MessageTransport::strayMessage(uint64_t u
 }
 
 bool MessageTransport::hasPending() const {
-  if (!anyPeerReceives_.empty()) {
+  if (!anyPeerReceives_.empty() || hasOwnWork()) {
     return true;
   }
-  for (const auto& peer : peers_) {
-    if (peer && peer->failure.empty() &&
+  for (const Peer* peer : used_) {
+    if (peer->failure.empty() &&
         (!peer->sends.empty() || !peer->awaitingAnswer.empty() || !peer->awaitingData.empty() ||
          !peer->posted.empty() || peer->target)) {
       return true;
@@ -692,7 +728,7 @@ bool MessageTransport::hasPending() const {
 
 bool MessageTransport::tryPeer(int rank) {
   Peer& peer = *peers_[rank];
-  if (!peer.failure.empty()) {
+  if (!peer.link || !peer.failure.empty()) {
     return false;
   }
   bool moved = tryRecv(peer);
@@ -701,10 +737,8 @@ bool MessageTransport::tryPeer(int rank) {
 
 bool MessageTransport::tryAll() {
   bool moved = checkPeers();
-  for (auto& peer : peers_) {
-    if (peer) {
-      moved |= tryPeer(peer->rank);
-    }
+  for (size_t i = 0; i < used_.size(); ++i) { // checkPeers and tryPeer may attach Links
+    moved |= tryPeer(used_[i]->rank);
   }
   return moved;
 }

@@ -88,6 +88,9 @@ class MessageTransport : public PolledTransport {
  protected:
   // Makes `peer` reachable through `link`, which the transport owns and keeps until destroyed.
   void attach(int peer, Link* link);
+  // Makes `peer` reachable before it has a Link: its messages wait until the transport attaches
+  // one, which it is asked for (wantLink) when the first send or receive for the peer is posted.
+  void addPeer(int peer);
 
   // ---- What a transport implements. All run with mutex_ held. ----
   // Sleeps (lock released) until something may have happened on a Link or the deadline;
@@ -105,6 +108,14 @@ class MessageTransport : public PolledTransport {
   virtual bool readsCheaply() const {
     return false;
   }
+  // A send to or receive from `peer`, added without a Link, was posted: the transport starts
+  // making one (and attaches it, or fails the peer), without blocking.
+  virtual void wantLink(int peer) {}
+  // Work of the transport's own that needs progress driven though no request is pending (a
+  // peer waiting for this rank to accept its connection).
+  virtual bool hasOwnWork() const {
+    return false;
+  }
 
   // ---- What transports call, with mutex_ held. ----
   // One non-blocking attempt on every peer's Link; true when a request completed.
@@ -117,6 +128,9 @@ class MessageTransport : public PolledTransport {
   bool betweenFrames(int peer) const;
   // Why `peer` failed; empty while it has not.
   const std::string& peerFailure(int peer) const;
+  // `peer` may still hear from this rank: it did not fail or leave itself (it may have failed
+  // with the group, for another peer's failure).
+  bool canTell(int peer) const;
   // `peer` died or broke the group: every request of every peer fails naming it.
   void failPeer(int peer, const std::string& why);
   // `peer` left (destroyed its group): its requests fail, the others live on.
@@ -130,6 +144,11 @@ class MessageTransport : public PolledTransport {
   const std::string& abortReason() const {
     return abortReason_;
   }
+  // Why the group failed here (aborted, or a peer failed it); empty while it has not. A peer
+  // that left (destroyed its group) fails only its own requests and is no failure of the group.
+  const std::string& groupFailure() const {
+    return abortReason_.empty() ? failure_ : abortReason_;
+  }
 
  private:
   struct Op;
@@ -139,6 +158,8 @@ class MessageTransport : public PolledTransport {
 
   void progress(std::unique_lock<std::mutex>& lock, Deadline deadline) final;
   bool hasPending() const final;
+  // The peer, after asking the transport for a Link if it has none.
+  Peer& linkedPeer(int rank);
   bool trySend(Peer& peer);
   bool tryRecv(Peer& peer);
   // tryRecv by a thread that is not driving progress (it wakes the one that is).
@@ -164,8 +185,12 @@ class MessageTransport : public PolledTransport {
   const int size_;
   const MessageOptions options_;
   std::vector<std::unique_ptr<Peer>> peers_; // indexed by rank; null for self and unreachable
+  // The peers that have a Link or have been asked for one: what progress, idle checks and stray
+  // checks look at, so their cost grows with the peers an algorithm uses, not the group's size.
+  std::vector<Peer*> used_;
   std::map<uint64_t, std::deque<std::shared_ptr<Op>>> anyPeerReceives_;
   std::string abortReason_;
+  std::string failure_; // the first failPeer's reason
 };
 
 } // namespace torus

@@ -25,98 +25,59 @@ namespace torus {
 namespace {
 
 constexpr uint32_t kHelloMagic = 0x746f7275; // "toru"
+constexpr uint32_t kAccepted = 0x6f6b6179; // "okay"
+constexpr uint32_t kRefused = 0x6e6f7065; // "nope"
+constexpr uint32_t kGaveUp = 0x71756974; // "quit", then the reason's bytes
 // How long progress sleeps in poll() at most; a sleep that ends with nothing to read or write
 // runs the message layer's idle checks.
 constexpr int kIdleCheckMs = 100;
+// A refused rank connects again after this, in case the peer's own connection never comes.
+constexpr auto kRetryAfterRefusal = std::chrono::milliseconds(200);
+// Looking up an address not yet published, and connecting again after a network error, back off
+// from 1 ms to this.
+constexpr auto kMaxBackoff = std::chrono::milliseconds(100);
+
 struct Hello {
   uint32_t magic;
   int32_t rank;
+  int32_t size;
+};
+static_assert(sizeof(Hello) == 12, "Incoming::hello holds one");
+struct Verdict {
+  uint32_t code;
+  uint32_t reasonBytes; // kGaveUp: the reason's length (at most kFaultTextBytes)
 };
 
-std::string systemError(const std::string& what) {
-  return what + ": " + std::strerror(errno);
+// Answers a connection with `code` (and, for kGaveUp, `reason`); best effort: a new socket's
+// buffer takes the whole answer at once, and a peer that is gone needs none.
+bool sendVerdict(int fd, uint32_t code, const std::string& reason = "") {
+  const std::string text = reason.substr(0, kFaultTextBytes);
+  Verdict verdict{code, static_cast<uint32_t>(text.size())};
+  iovec parts[2] = {{&verdict, sizeof(verdict)}, {const_cast<char*>(text.data()), text.size()}};
+  msghdr msg{};
+  msg.msg_iov = parts;
+  msg.msg_iovlen = 2;
+  return ::sendmsg(fd, &msg, MSG_NOSIGNAL | MSG_DONTWAIT) == static_cast<ssize_t>(sizeof(verdict) + text.size());
 }
 
-int millisecondsUntil(Deadline deadline, int cap) {
-  if (deadline == Deadline::max()) {
+std::string systemError(const std::string& what, int error) {
+  return what + ": " + std::strerror(error);
+}
+
+std::string rankName(int rank) {
+  return "rank " + std::to_string(rank);
+}
+
+int millisecondsUntil(Clock::time_point when, int cap) {
+  if (when == Clock::time_point::max()) {
     return cap;
   }
-  auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now()).count();
+  auto left = std::chrono::duration_cast<std::chrono::milliseconds>(when - Clock::now()).count();
   return static_cast<int>(std::max<int64_t>(0, std::min<int64_t>(left + 1, cap)));
 }
 
-void setSocketOptions(int fd) {
-  int one = 1;
-  ::setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
-  int flags = ::fcntl(fd, F_GETFL, 0);
-  ::fcntl(fd, F_SETFL, flags | O_NONBLOCK);
-}
-
-// Handshake I/O happens before the sockets are non-blocking; poll bounds it by the deadline.
-void readExactly(int fd, void* buf, size_t n, Deadline deadline, const std::string& what) {
-  char* p = static_cast<char*>(buf);
-  while (n > 0) {
-    pollfd pfd{fd, POLLIN, 0};
-    int ready = ::poll(&pfd, 1, millisecondsUntil(deadline, 1000));
-    if (ready < 0 && errno != EINTR) {
-      throw CommError(CommError::Kind::kPeer, systemError(what));
-    }
-    if (ready <= 0) {
-      if (Clock::now() >= deadline) {
-        throw CommError(CommError::Kind::kTimeout, "timed out during " + what);
-      }
-      continue;
-    }
-    ssize_t got = ::recv(fd, p, n, 0);
-    if (got == 0) {
-      throw CommError(CommError::Kind::kPeer, what + ": connection closed");
-    }
-    if (got < 0) {
-      if (errno == EINTR || errno == EAGAIN) {
-        continue;
-      }
-      throw CommError(CommError::Kind::kPeer, systemError(what));
-    }
-    p += got;
-    n -= static_cast<size_t>(got);
-  }
-}
-
-// A connected socket to `address`, trying again while the peer refuses or the network does not
-// answer, until `deadline`: a blocking connect to an address that drops packets would wait out
-// the kernel's SYN retries (minutes) whatever the group's timeout.
-int connectBefore(const sockaddr_in& address, Deadline deadline, const std::string& what) {
-  for (;;) {
-    int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
-    if (fd < 0) {
-      throw CommError(CommError::Kind::kPeer, systemError(what));
-    }
-    int err = 0;
-    if (::connect(fd, reinterpret_cast<const sockaddr*>(&address), sizeof(address)) != 0) {
-      err = errno;
-    }
-    if (err == EINPROGRESS) {
-      pollfd pfd{fd, POLLOUT, 0};
-      const int ready = ::poll(&pfd, 1, millisecondsUntil(deadline, 1000));
-      socklen_t len = sizeof(err);
-      err = ready > 0 && ::getsockopt(fd, SOL_SOCKET, SO_ERROR, &err, &len) == 0 ? err : ETIMEDOUT;
-    }
-    if (err == 0) {
-      return fd;
-    }
-    ::close(fd);
-    const bool retry = err == ECONNREFUSED || err == EINTR || err == ETIMEDOUT || err == EHOSTUNREACH ||
-                       err == ENETUNREACH || err == ECONNRESET;
-    if (!retry) {
-      errno = err;
-      throw CommError(CommError::Kind::kPeer, systemError(what));
-    }
-    if (Clock::now() >= deadline) {
-      errno = err;
-      throw CommError(CommError::Kind::kTimeout, systemError(what + " before the group's timeout"));
-    }
-    std::this_thread::sleep_for(std::chrono::milliseconds(10));
-  }
+Clock::time_point backoff(int tries) {
+  return Clock::now() + std::min<Clock::duration>(std::chrono::milliseconds(int64_t{1} << std::min(tries, 7)), kMaxBackoff);
 }
 
 // The sockets of every live TcpTransport of this process. A child forked from a rank (a
@@ -165,21 +126,50 @@ class ForkedChildSockets {
   std::set<int> fds_;
 };
 
-sockaddr_in parseAddress(const std::string& host, int port) {
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_port = htons(static_cast<uint16_t>(port));
-  if (::inet_pton(AF_INET, host.c_str(), &addr.sin_addr) != 1) {
-    addrinfo hints{};
-    hints.ai_family = AF_INET;
-    addrinfo* result = nullptr;
-    if (::getaddrinfo(host.c_str(), nullptr, &hints, &result) != 0 || result == nullptr) {
-      throw std::invalid_argument("torus: cannot resolve address '" + host + "'");
-    }
-    addr.sin_addr = reinterpret_cast<sockaddr_in*>(result->ai_addr)->sin_addr;
-    ::freeaddrinfo(result);
+// `host` (an IPv4 or IPv6 address, or a name) and `port` as a socket address.
+sockaddr_storage parseAddress(const std::string& host, int port, socklen_t* length) {
+  addrinfo hints{};
+  hints.ai_family = AF_UNSPEC;
+  hints.ai_socktype = SOCK_STREAM;
+  hints.ai_flags = AI_NUMERICSERV;
+  addrinfo* result = nullptr;
+  const std::string service = std::to_string(port);
+  if (::getaddrinfo(host.c_str(), service.c_str(), &hints, &result) != 0 || result == nullptr) {
+    throw std::invalid_argument("torus: cannot resolve address '" + host + "'");
   }
-  return addr;
+  sockaddr_storage address{};
+  std::memcpy(&address, result->ai_addr, result->ai_addrlen);
+  *length = result->ai_addrlen;
+  ::freeaddrinfo(result);
+  return address;
+}
+
+// "host:port", with the host in brackets when it is an IPv6 address.
+std::string formatAddress(const sockaddr_storage& address) {
+  char host[INET6_ADDRSTRLEN] = {0};
+  if (address.ss_family == AF_INET6) {
+    const auto& v6 = reinterpret_cast<const sockaddr_in6&>(address);
+    ::inet_ntop(AF_INET6, &v6.sin6_addr, host, sizeof(host));
+    return "[" + std::string(host) + "]:" + std::to_string(ntohs(v6.sin6_port));
+  }
+  const auto& v4 = reinterpret_cast<const sockaddr_in&>(address);
+  ::inet_ntop(AF_INET, &v4.sin_addr, host, sizeof(host));
+  return std::string(host) + ":" + std::to_string(ntohs(v4.sin_port));
+}
+
+// The socket address of "host:port" or "[v6 host]:port".
+sockaddr_storage parseHostPort(const std::string& where, socklen_t* length) {
+  const auto colon = where.rfind(':');
+  std::string host = where.substr(0, colon);
+  if (host.size() >= 2 && host.front() == '[' && host.back() == ']') {
+    host = host.substr(1, host.size() - 2);
+  }
+  return parseAddress(host, std::stoi(where.substr(colon + 1)), length);
+}
+
+void setSocketOptions(int fd) {
+  int one = 1;
+  ::setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
 }
 
 } // namespace
@@ -200,7 +190,7 @@ struct TcpTransport::Pair : Link {
     if (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR) {
       return 0;
     }
-    throw CommError(CommError::Kind::kPeer, systemError("connection to rank " + std::to_string(peer) + " failed"));
+    throw CommError(CommError::Kind::kPeer, systemError("connection to " + rankName(peer) + " failed", errno));
   }
 
   ssize_t read(char* dst, size_t n) override {
@@ -214,29 +204,40 @@ struct TcpTransport::Pair : Link {
     if (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR) {
       return 0;
     }
-    throw CommError(CommError::Kind::kPeer, systemError("connection to rank " + std::to_string(peer) + " failed"));
+    throw CommError(CommError::Kind::kPeer, systemError("connection to " + rankName(peer) + " failed", errno));
   }
 };
 
-TcpTransport::TcpTransport(int rank, int size, Rendezvous& rendezvous, const TcpOptions& options)
-    : MessageTransport(rank, size, options.messages), pairs_(static_cast<size_t>(size)) {
+TcpTransport::TcpTransport(int rank, int size, std::shared_ptr<Rendezvous> rendezvous, const TcpOptions& options)
+    : MessageTransport(rank, size, options.messages),
+      timeout_(options.timeout),
+      addresses_(static_cast<size_t>(size)),
+      pairs_(static_cast<size_t>(size)) {
   wakeFd_ = ::eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
   if (wakeFd_ < 0) {
-    throw std::runtime_error(systemError("torus: eventfd"));
+    throw std::runtime_error(systemError("torus: eventfd", errno));
   }
   try {
-    connectAll(rendezvous, Clock::now() + options.timeout, options.address);
-  } catch (...) {
-    for (auto& pair : pairs_) {
-      if (pair && pair->fd >= 0) {
-        ::close(pair->fd);
+    if (size > 1) {
+      listenOn(options.address);
+      rendezvous->set("tcp/" + std::to_string(rank), addresses_[rank]);
+    }
+    for (int peer = 0; peer < size; ++peer) {
+      if (peer == rank) {
+        continue;
+      }
+      addPeer(peer);
+      if (!rendezvous->looksUpFromAnyThread()) {
+        addresses_[peer] = rendezvous->get("tcp/" + std::to_string(peer));
       }
     }
+  } catch (...) {
+    closeSocket(listenFd_);
     ::close(wakeFd_);
-    if (listenFd_ >= 0) {
-      ::close(listenFd_);
-    }
     throw;
+  }
+  if (rendezvous->looksUpFromAnyThread()) {
+    rendezvous_ = std::move(rendezvous);
   }
   joinHelper();
 }
@@ -245,112 +246,321 @@ TcpTransport::~TcpTransport() {
   leaveHelper();
   WireHeader goodbye;
   goodbye.kind = kGoodbyeFrame;
-  for (auto& pair : pairs_) {
-    if (pair && pair->fd >= 0) {
-      // Best effort, only between whole frames: a connection mid-frame (or full) just closes.
-      if (peerFailure(pair->peer).empty() && betweenFrames(pair->peer)) {
-        ssize_t ignored = ::send(pair->fd, &goodbye, sizeof(goodbye), MSG_NOSIGNAL | MSG_DONTWAIT);
-        (void)ignored;
-      }
-      ForkedChildSockets::instance().remove(pair->fd);
-      ::close(pair->fd);
+  for (Pair* pair : linked_) {
+    // Best effort, only between whole frames: a connection mid-frame (or full) just closes.
+    if (peerFailure(pair->peer).empty() && betweenFrames(pair->peer)) {
+      ssize_t ignored = ::send(pair->fd, &goodbye, sizeof(goodbye), MSG_NOSIGNAL | MSG_DONTWAIT);
+      (void)ignored;
     }
+    closeSocket(pair->fd);
   }
-  if (listenFd_ >= 0) {
-    ::close(listenFd_);
+  for (auto& [peer, dial] : dials_) {
+    closeSocket(dial.fd);
   }
+  for (auto& incoming : incoming_) {
+    closeSocket(incoming.fd);
+  }
+  closeSocket(listenFd_);
   ::close(wakeFd_);
 }
 
-void TcpTransport::connectAll(Rendezvous& rendezvous, Deadline deadline, const std::string& address) {
-  if (size() == 1) {
-    return;
-  }
-  listenFd_ = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-  if (listenFd_ < 0) {
-    throw std::runtime_error(systemError("torus: socket"));
-  }
-  int one = 1;
-  ::setsockopt(listenFd_, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
-  sockaddr_in bindAddr = parseAddress(address, 0);
-  if (::bind(listenFd_, reinterpret_cast<sockaddr*>(&bindAddr), sizeof(bindAddr)) != 0) {
-    throw std::runtime_error(systemError("torus: cannot listen on address '" + address + "'"));
-  }
-  if (::listen(listenFd_, size()) != 0) {
-    throw std::runtime_error(systemError("torus: listen"));
-  }
-  sockaddr_in bound{};
-  socklen_t len = sizeof(bound);
-  ::getsockname(listenFd_, reinterpret_cast<sockaddr*>(&bound), &len);
-  char host[INET_ADDRSTRLEN];
-  ::inet_ntop(AF_INET, &bound.sin_addr, host, sizeof(host));
-  rendezvous.set("tcp/" + std::to_string(rank()), std::string(host) + ":" + std::to_string(ntohs(bound.sin_port)));
-
-  // Lower ranks accept, higher ranks connect: a connect completes through the listen backlog,
-  // so no rank waits on another that is still connecting.
-  for (int peer = 0; peer < rank(); ++peer) {
-    std::string where = rendezvous.get("tcp/" + std::to_string(peer));
-    auto colon = where.rfind(':');
-    sockaddr_in peerAddr = parseAddress(where.substr(0, colon), std::stoi(where.substr(colon + 1)));
-    const int fd = connectBefore(peerAddr, deadline, "torus: rank " + std::to_string(rank()) +
-                                                        " cannot connect to rank " + std::to_string(peer) + " at " +
-                                                        where);
-    Hello hello{kHelloMagic, rank()};
-    if (::send(fd, &hello, sizeof(hello), MSG_NOSIGNAL) != static_cast<ssize_t>(sizeof(hello))) {
-      ::close(fd);
-      throw CommError(CommError::Kind::kPeer, systemError("torus: handshake with rank " + std::to_string(peer)));
-    }
-    pairs_[peer] = std::make_unique<Pair>();
-    pairs_[peer]->peer = peer;
-    pairs_[peer]->fd = fd;
-  }
-  for (int accepted = 0; accepted < size() - 1 - rank(); ++accepted) {
-    pollfd pfd{listenFd_, POLLIN, 0};
-    int ready = ::poll(&pfd, 1, millisecondsUntil(deadline, 1000));
-    if (ready <= 0) {
-      if (Clock::now() >= deadline) {
-        throw CommError(CommError::Kind::kTimeout,
-                        "torus: rank " + std::to_string(rank()) + " timed out waiting for higher ranks to connect");
-      }
-      --accepted;
-      continue;
-    }
-    int fd = ::accept4(listenFd_, nullptr, nullptr, SOCK_CLOEXEC);
-    if (fd < 0) {
-      --accepted;
-      continue;
-    }
-    Hello hello{};
-    readExactly(fd, &hello, sizeof(hello), deadline, "torus: handshake");
-    if (hello.magic != kHelloMagic || hello.rank <= rank() || hello.rank >= size() || pairs_[hello.rank]) {
-      ::close(fd);
-      throw CommError(CommError::Kind::kPeer, "torus: unexpected handshake from a process claiming rank " +
-                                                  std::to_string(hello.rank));
-    }
-    pairs_[hello.rank] = std::make_unique<Pair>();
-    pairs_[hello.rank]->peer = hello.rank;
-    pairs_[hello.rank]->fd = fd;
-  }
-  ::close(listenFd_);
-  listenFd_ = -1;
-  for (auto& pair : pairs_) {
-    if (pair) {
-      setSocketOptions(pair->fd);
-      ForkedChildSockets::instance().add(pair->fd);
-      attach(pair->peer, pair.get());
-    }
+void TcpTransport::closeSocket(int fd) {
+  if (fd >= 0) {
+    ForkedChildSockets::instance().remove(fd);
+    ::close(fd);
   }
 }
 
+void TcpTransport::listenOn(const std::string& address) {
+  socklen_t length = 0;
+  sockaddr_storage bindAddress = parseAddress(address, 0, &length);
+  listenFd_ = ::socket(bindAddress.ss_family, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
+  if (listenFd_ < 0) {
+    throw std::runtime_error(systemError("torus: socket", errno));
+  }
+  ForkedChildSockets::instance().add(listenFd_);
+  int one = 1;
+  ::setsockopt(listenFd_, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
+  if (::bind(listenFd_, reinterpret_cast<sockaddr*>(&bindAddress), length) != 0) {
+    throw std::runtime_error(systemError("torus: cannot listen on address '" + address + "'", errno));
+  }
+  // The kernel caps the backlog at net.core.somaxconn.
+  if (::listen(listenFd_, size()) != 0) {
+    throw std::runtime_error(systemError("torus: listen", errno));
+  }
+  sockaddr_storage bound{};
+  length = sizeof(bound);
+  ::getsockname(listenFd_, reinterpret_cast<sockaddr*>(&bound), &length);
+  addresses_[rank()] = formatAddress(bound);
+}
+
+void TcpTransport::wantLink(int peer) {
+  if (pairs_[peer] || dials_.count(peer)) {
+    return;
+  }
+  Dial& dial = dials_[peer];
+  dial.deadline = Clock::now() + timeout_;
+  advanceDial(peer, dial);
+  if (progressing_) {
+    wakeSleeper(); // the sleeping thread must watch the new socket
+  }
+}
+
+bool TcpTransport::hasOwnWork() const {
+  if (!dials_.empty() || !incoming_.empty()) {
+    return true;
+  }
+  // A peer waiting in the listen queue for this rank to answer its Hello.
+  pollfd pfd{listenFd_, POLLIN, 0};
+  return listenFd_ >= 0 && ::poll(&pfd, 1, 0) > 0;
+}
+
+bool TcpTransport::checkPeers() {
+  return (!dials_.empty() || !incoming_.empty()) && advanceConnections();
+}
+
+bool TcpTransport::advanceConnections() {
+  bool changed = false;
+  acceptWaiting();
+  for (size_t i = 0; i < incoming_.size();) {
+    Incoming& incoming = incoming_[i];
+    ssize_t got = ::recv(incoming.fd, incoming.hello + incoming.helloRead, sizeof(Hello) - incoming.helloRead,
+                         MSG_DONTWAIT);
+    const bool broken = got == 0 || (got < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR);
+    if (got > 0) {
+      incoming.helloRead += static_cast<size_t>(got);
+    }
+    // A socket that closes, stays silent or says nothing sensible is no peer of this group (or a
+    // connection its rank gave up for ours); it is dropped without an answer.
+    const bool done = incoming.helloRead == sizeof(Hello);
+    if (broken || Clock::now() >= incoming.deadline || done) {
+      const int fd = incoming.fd;
+      const bool kept = done && !broken && answerHello(incoming);
+      incoming_.erase(incoming_.begin() + static_cast<std::ptrdiff_t>(i));
+      if (!kept) {
+        closeSocket(fd);
+      }
+      changed |= kept;
+      continue;
+    }
+    ++i;
+  }
+  for (auto it = dials_.begin(); it != dials_.end();) {
+    const int peer = it->first;
+    const bool linked = advanceDial(peer, it->second);
+    changed |= linked || !peerFailure(peer).empty();
+    if (linked || !peerFailure(peer).empty()) {
+      closeSocket(linked ? -1 : it->second.fd);
+      it = dials_.erase(it);
+    } else {
+      ++it;
+    }
+  }
+  return changed;
+}
+
+void TcpTransport::acceptWaiting() {
+  while (listenFd_ >= 0) {
+    const int fd = ::accept4(listenFd_, nullptr, nullptr, SOCK_CLOEXEC | SOCK_NONBLOCK);
+    if (fd < 0) {
+      return; // EAGAIN, or an error of that one connection (its peer sees it)
+    }
+    ForkedChildSockets::instance().add(fd);
+    Incoming incoming;
+    incoming.fd = fd;
+    incoming.deadline = Clock::now() + timeout_;
+    incoming_.push_back(incoming);
+  }
+}
+
+bool TcpTransport::answerHello(Incoming& incoming) {
+  Hello hello;
+  std::memcpy(&hello, incoming.hello, sizeof(hello));
+  const int peer = hello.rank;
+  if (hello.magic != kHelloMagic || hello.size != size() || peer < 0 || peer >= size() || peer == rank()) {
+    return false;
+  }
+  const std::string& gaveUp = groupFailure();
+  if (!gaveUp.empty()) {
+    sendVerdict(incoming.fd, kGaveUp, gaveUp);
+    return false;
+  }
+  // Both ranks connected at once: the lower rank's connection is kept, on both sides.
+  auto dial = dials_.find(peer);
+  const bool dialing = dial != dials_.end() && dial->second.fd >= 0;
+  if (pairs_[peer] || (dialing && rank() < peer)) {
+    sendVerdict(incoming.fd, kRefused);
+    return false;
+  }
+  if (!sendVerdict(incoming.fd, kAccepted)) {
+    return false;
+  }
+  if (dial != dials_.end()) {
+    closeSocket(dial->second.fd);
+    dials_.erase(dial);
+  }
+  link(peer, incoming.fd);
+  return true;
+}
+
+bool TcpTransport::advanceDial(int peer, Dial& dial) {
+  using Step = Dial::Step;
+  const std::string where = addresses_[peer];
+  const std::string cannot = "torus: rank " + std::to_string(rank()) + " cannot connect to " + rankName(peer);
+  if (pairs_[peer]) {
+    return true;
+  }
+  if (!peerFailure(peer).empty()) {
+    return false;
+  }
+  if ((dial.step == Step::kLookUp || dial.step == Step::kRefused) && Clock::now() < dial.nextTry) {
+    return false;
+  }
+  if (dial.step == Step::kLookUp && where.empty()) {
+    std::optional<std::string> found;
+    try {
+      found = rendezvous_->tryGet("tcp/" + std::to_string(peer));
+    } catch (const std::exception& e) {
+      failPeer(peer, cannot + ": its address cannot be read from the store: " + e.what());
+      return false;
+    }
+    if (!found) {
+      if (Clock::now() >= dial.deadline) {
+        failPeer(peer, cannot + ": it did not publish its address within the timeout (it has not created "
+                                "the group, or failed before it did)");
+      } else {
+        dial.nextTry = backoff(dial.tries++);
+      }
+      return false;
+    }
+    addresses_[peer] = *found;
+    return advanceDial(peer, dial);
+  }
+  if (dial.step == Step::kLookUp || dial.step == Step::kRefused) {
+    socklen_t length = 0;
+    sockaddr_storage address{};
+    try {
+      address = parseHostPort(where, &length);
+    } catch (const std::exception& e) {
+      failPeer(peer, cannot + " at " + where + ": " + e.what());
+      return false;
+    }
+    dial.fd = ::socket(address.ss_family, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
+    if (dial.fd < 0) {
+      failPeer(peer, systemError(cannot + " at " + where, errno));
+      return false;
+    }
+    ForkedChildSockets::instance().add(dial.fd);
+    dial.step = Step::kConnect;
+    dial.error = ::connect(dial.fd, reinterpret_cast<const sockaddr*>(&address), length) != 0 && errno != EINPROGRESS
+                     ? errno
+                     : 0;
+  }
+  if (dial.step == Step::kConnect) {
+    int error = dial.error;
+    if (error == 0) {
+      pollfd pfd{dial.fd, POLLOUT, 0};
+      if (::poll(&pfd, 1, 0) == 0) {
+        if (Clock::now() >= dial.deadline) {
+          failPeer(peer, cannot + " at " + where + ": connecting timed out");
+        }
+        return false;
+      }
+      socklen_t length = sizeof(error);
+      ::getsockopt(dial.fd, SOL_SOCKET, SO_ERROR, &error, &length);
+    }
+    if (error == ECONNREFUSED) {
+      // Its address was published after it listened: nobody listens any more.
+      failPeer(peer, systemError(cannot + " at " + where, error) + " (" + rankName(peer) +
+                         " exited, was killed, or left the group: connection closed)");
+      return false;
+    }
+    if (error != 0) {
+      // The network may come back (a host rebooting, a route appearing) before the deadline.
+      closeSocket(dial.fd);
+      dial.fd = -1;
+      if (Clock::now() >= dial.deadline) {
+        failPeer(peer, systemError(cannot + " at " + where, error) + " (timed out)");
+        return false;
+      }
+      dial.step = Step::kRefused;
+      dial.nextTry = backoff(dial.tries++);
+      return false;
+    }
+    Hello hello{kHelloMagic, rank(), size()};
+    if (::send(dial.fd, &hello, sizeof(hello), MSG_NOSIGNAL | MSG_DONTWAIT) != sizeof(hello)) {
+      failPeer(peer, systemError(cannot + " at " + where + ": sending its hello", errno));
+      return false;
+    }
+    dial.step = Step::kAwaitVerdict;
+    dial.verdict.clear();
+  }
+  if (dial.step == Step::kAwaitVerdict) {
+    Verdict verdict{};
+    size_t want = sizeof(Verdict);
+    if (dial.verdict.size() >= sizeof(Verdict)) {
+      std::memcpy(&verdict, dial.verdict.data(), sizeof(verdict));
+      want += std::min<size_t>(verdict.reasonBytes, kFaultTextBytes);
+    }
+    char buffer[sizeof(Verdict) + kFaultTextBytes];
+    ssize_t got = ::recv(dial.fd, buffer, want - dial.verdict.size(), MSG_DONTWAIT);
+    if (got < 0 && (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR)) {
+      if (Clock::now() >= dial.deadline) {
+        failPeer(peer, cannot + " at " + where + ": timed out waiting for it to accept the connection");
+      }
+      return false;
+    }
+    if (got <= 0) {
+      failPeer(peer, (got == 0 ? cannot + " at " + where + ": connection closed"
+                               : systemError(cannot + " at " + where, errno)) +
+                         " during the handshake (" + rankName(peer) + " exited, was killed, or left the group)");
+      return false;
+    }
+    dial.verdict.append(buffer, static_cast<size_t>(got));
+    if (dial.verdict.size() < sizeof(Verdict)) {
+      return false;
+    }
+    std::memcpy(&verdict, dial.verdict.data(), sizeof(verdict));
+    if (verdict.code == kGaveUp) {
+      if (dial.verdict.size() < sizeof(Verdict) + std::min<size_t>(verdict.reasonBytes, kFaultTextBytes)) {
+        return advanceDial(peer, dial); // the rest of the reason may be waiting already
+      }
+      failPeer(peer, rankName(peer) + " gave up on the group: " + dial.verdict.substr(sizeof(Verdict)));
+      return false;
+    }
+    if (verdict.code == kAccepted) {
+      link(peer, dial.fd);
+      dial.fd = -1;
+      return true;
+    }
+    // The peer keeps its own connection to this rank, which is on its way.
+    closeSocket(dial.fd);
+    dial.fd = -1;
+    dial.step = Step::kRefused;
+    dial.nextTry = Clock::now() + kRetryAfterRefusal;
+  }
+  return false;
+}
+
+void TcpTransport::link(int peer, int fd) {
+  setSocketOptions(fd);
+  pairs_[peer] = std::make_unique<Pair>();
+  pairs_[peer]->peer = peer;
+  pairs_[peer]->fd = fd;
+  linked_.push_back(pairs_[peer].get());
+  attach(peer, pairs_[peer].get());
+}
+
 void TcpTransport::announceAbort(const std::string& why) {
+  // Peers that connect from now on are told why (groupFailure()), until the group is destroyed.
   // A fault frame can only go between whole frames, and only if the socket takes all of it at
   // once (the peer would misread anything less); otherwise the end of the stream tells the peer.
   const std::string text = why.substr(0, kFaultTextBytes);
   WireHeader header;
   header.kind = kFaultFrame;
   header.nbytes = text.size();
-  for (auto& pair : pairs_) {
-    if (!pair || !peerFailure(pair->peer).empty()) {
+  for (Pair* pair : linked_) {
+    if (!canTell(pair->peer)) {
       continue;
     }
     iovec parts[2] = {{&header, sizeof(header)}, {const_cast<char*>(text.data()), text.size()}};
@@ -373,31 +583,53 @@ void TcpTransport::wakeSleeper() {
 bool TcpTransport::sleep(std::unique_lock<std::mutex>& lock, Deadline deadline) {
   std::vector<pollfd> fds;
   std::vector<int> polled;
-  fds.reserve(pairs_.size() + 1);
+  fds.reserve(linked_.size() + incoming_.size() + dials_.size() + 2);
   fds.push_back({wakeFd_, POLLIN, 0});
-  for (auto& pair : pairs_) {
-    if (pair && peerFailure(pair->peer).empty()) {
+  // Connections being made wake the sleep through the listening socket, their own sockets, or
+  // the time of their next try.
+  Clock::time_point wakeAt = deadline;
+  if (listenFd_ >= 0) {
+    fds.push_back({listenFd_, POLLIN, 0});
+  }
+  for (const auto& incoming : incoming_) {
+    fds.push_back({incoming.fd, POLLIN, 0});
+  }
+  for (const auto& [peer, dial] : dials_) {
+    if (dial.fd >= 0) {
+      fds.push_back({dial.fd, static_cast<short>(dial.step == Dial::Step::kConnect ? POLLOUT : POLLIN), 0});
+    } else {
+      wakeAt = std::min(wakeAt, dial.nextTry);
+    }
+  }
+  const size_t connectionFds = fds.size();
+  for (Pair* pair : linked_) {
+    if (peerFailure(pair->peer).empty()) {
       fds.push_back({pair->fd, static_cast<short>(POLLIN | (wantsToWrite(pair->peer) ? POLLOUT : 0)), 0});
       polled.push_back(pair->peer);
     }
   }
   lock.unlock();
-  int ready = ::poll(fds.data(), fds.size(), millisecondsUntil(deadline, kIdleCheckMs));
+  int ready = ::poll(fds.data(), fds.size(), millisecondsUntil(wakeAt, kIdleCheckMs));
   lock.lock();
-  if (ready <= 0) {
-    return ready < 0;
+  if (ready < 0) {
+    return true;
   }
   if (fds[0].revents) {
     uint64_t drained;
     ssize_t ignored = ::read(wakeFd_, &drained, sizeof(drained));
     (void)ignored;
   }
-  for (size_t i = 1; i < fds.size(); ++i) {
+  bool connecting = wakeAt < deadline && Clock::now() >= wakeAt;
+  for (size_t i = 1; i < connectionFds; ++i) {
+    connecting |= fds[i].revents != 0;
+  }
+  bool moved = connecting && advanceConnections();
+  for (size_t i = connectionFds; i < fds.size(); ++i) {
     if (fds[i].revents) {
-      tryPeer(polled[i - 1]);
+      moved |= tryPeer(polled[i - connectionFds]);
     }
   }
-  return true;
+  return ready > 0 || moved;
 }
 
 } // namespace torus

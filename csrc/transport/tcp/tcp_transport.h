@@ -1,50 +1,105 @@
-// TcpTransport: one TCP connection to every other rank, under the message layer
-// (MessageTransport), which frames, matches and flow-controls the messages on it.
+// TcpTransport: TCP connections between ranks, under the message layer (MessageTransport), which
+// frames, matches and flow-controls the messages on them.
 //
-// Connections are made eagerly when the group is created (lower rank accepts, higher rank
-// connects), so a dead or missing peer shows up at init rather than as a hang in the middle of a
-// job. A payload the receiver has not asked for waits in the sender's buffer past the eager
-// window, so the kernel's flow control holds the rest.
+// Connections are made when first needed: the first send to a peer, or receive from it, starts
+// one (a receive from any peer starts none: its sender connects), and the messages wait in the
+// message layer until it is up. So a rank whose algorithms talk to k peers holds k sockets, not
+// size - 1, and setup reads no peer's address: each rank publishes its own ("tcp/<rank>") and a
+// peer's is read once, when a connection to it is first made.
+//
+// Handshake: the connecting rank sends a Hello (magic, its rank, the group's size); the accepting
+// rank answers with a Verdict (accepted, refused, or "I gave up on the group: <why>", which a rank
+// whose group failed or aborted gives every rank that connects until it is destroyed), and only an
+// accepted socket carries messages. Two ranks may connect
+// to each other at once; then both keep the connection the lower rank made and refuse the other.
+// A refused rank waits for that connection, trying again now and then in case its peer gave up.
+// A peer that refuses to connect at all (its listening socket is gone: it exited, was killed or
+// left the group) fails the group naming it, where gloo's lazy connections wait forever.
+//
+// A payload the receiver has not asked for waits in the sender's buffer past the eager window, so
+// the kernel's flow control holds the rest.
 //
 // Progress has no thread of its own: whichever thread waits drives all pending sends and
-// receives; other waiters sleep on a condition variable until the driving thread completes
-// something. Waits spin for a few tens of microseconds, yielding the core, then sleep in poll(),
-// so oversubscribed hosts are not burned by spinning.
+// receives, and the connections being made (the process's progress helper does when nobody
+// waits); other waiters sleep until it has moved something. Waits spin for a few tens of
+// microseconds, yielding the core, then sleep in poll(), so oversubscribed hosts are not burned
+// by spinning.
 #pragma once
 
 #include <memory>
 #include <string>
+#include <unordered_map>
 #include <vector>
 
-#include "transport/rendezvous.h"
 #include "transport/message_transport.h"
+#include "transport/rendezvous.h"
 
 namespace torus {
 
 struct TcpOptions {
   // Address to listen on and to publish to peers, e.g. "127.0.0.1" or an interface's address.
   std::string address = "127.0.0.1";
-  // Bounds connection setup.
+  // Bounds making each connection, from the first request that needs it.
   std::chrono::milliseconds timeout{std::chrono::minutes(30)};
   MessageOptions messages;
 };
 
 class TcpTransport : public MessageTransport {
  public:
-  TcpTransport(int rank, int size, Rendezvous& rendezvous, const TcpOptions& options);
+  // Peers' addresses are looked up in `rendezvous` when first needed where it allows that from
+  // any thread; otherwise every peer's is read here.
+  TcpTransport(int rank, int size, std::shared_ptr<Rendezvous> rendezvous, const TcpOptions& options);
   ~TcpTransport() override;
 
   struct Pair;
 
  private:
-  void connectAll(Rendezvous& rendezvous, Deadline deadline, const std::string& address);
+  // A connection this rank is making to a peer.
+  struct Dial {
+    enum class Step { kLookUp, kConnect, kAwaitVerdict, kRefused } step = Step::kLookUp;
+    int fd = -1;
+    Deadline deadline;
+    Clock::time_point nextTry; // kLookUp, kRefused: when to look (or connect) again
+    int tries = 0;
+    int error = 0; // kConnect: connect's own error, when it failed at once
+    std::string verdict; // kAwaitVerdict: the bytes read so far
+  };
+  // An accepted socket whose Hello has not been answered yet.
+  struct Incoming {
+    int fd = -1;
+    Deadline deadline;
+    char hello[12];
+    size_t helloRead = 0;
+  };
+
+  void listenOn(const std::string& address);
+  void wantLink(int peer) override;
+  bool hasOwnWork() const override;
+  bool checkPeers() override;
   bool sleep(std::unique_lock<std::mutex>& lock, Deadline deadline) override;
   void wakeSleeper() override;
   void announceAbort(const std::string& why) override;
 
+  // One non-blocking step on every connection being made or accepted; true when a Link was
+  // attached or a peer failed.
+  bool advanceConnections();
+  bool advanceDial(int peer, Dial& dial);
+  void acceptWaiting();
+  // A Hello arrived on an accepted socket: keeps it (true) or refuses it.
+  bool answerHello(Incoming& incoming);
+  void link(int peer, int fd);
+  void closeSocket(int fd);
+
+  const std::chrono::milliseconds timeout_;
+  // Set while peers' addresses are still to be looked up.
+  std::shared_ptr<Rendezvous> rendezvous_;
+  std::vector<std::string> addresses_; // by rank; empty until known
   int listenFd_ = -1;
   int wakeFd_ = -1;
-  std::vector<std::unique_ptr<Pair>> pairs_; // indexed by peer rank; null for self
+  std::vector<std::unique_ptr<Pair>> pairs_; // indexed by peer rank; null until connected
+  std::vector<Pair*> linked_; // the pairs connected, in the order they were
+  std::unordered_map<int, Dial> dials_; // connections this rank is making, by peer
+  std::vector<Incoming> incoming_; // accepted sockets whose Hello has not been answered
 };
 
 } // namespace torus
