@@ -92,8 +92,12 @@ def _case_soak(ctx, seconds, seed):
 
     groups = {a: ctx.new_group(list(range(ctx.world_size)), pg_options=torch_torus.Options(allreduce=a))
               for a in ALGORITHMS["allreduce"]}
-    for group in groups.values():  # connections and segments exist before the first measure
+    # Connections are made when an algorithm first needs a peer: an all-to-all on every group
+    # (the default one too) links every pair, so connections and segments exist before the
+    # first measure and any fd opened later is a leak.
+    for group in [None, *groups.values()]:
         dist.all_reduce(torch.ones(1), group=group)
+        dist.all_to_all_single(torch.empty(ctx.world_size), torch.ones(ctx.world_size), group=group)
     gc.collect()
     start = _resources()
     rng = random.Random(seed)
