@@ -113,7 +113,7 @@ std::exception_ptr CollectiveExecutor::run(Job& job) {
       job.device->recordDone();
     }
   } catch (const CommError& e) {
-    const std::string what = explain(e, seq);
+    const std::string what = explain(e, seq, job.timeout);
     const std::string failure = job.context + ": " + what;
     failure_->record(failure);
     error = asTorchError(std::make_exception_ptr(CommError(e.kind(), what)), job.context);
@@ -145,7 +145,8 @@ std::string CollectiveExecutor::describeException(std::exception_ptr error) {
   }
 }
 
-std::string CollectiveExecutor::explain(const CommError& error, uint64_t seq) const {
+std::string CollectiveExecutor::explain(const CommError& error, uint64_t seq,
+                                        std::chrono::milliseconds timeout) const {
   if (error.mismatch()) {
     const CallMismatch& mismatch = *error.mismatch();
     std::string what = "ranks called different collectives";
@@ -158,6 +159,7 @@ std::string CollectiveExecutor::explain(const CommError& error, uint64_t seq) co
   }
   std::string what = error.what();
   if (error.kind() == CommError::Kind::kTimeout) {
+    what += timeoutExpired(timeout);
     if (auto missing = arrivals_->describeMissing(seq); !missing.empty()) {
       what += "; " + missing;
     }

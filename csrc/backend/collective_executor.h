@@ -59,8 +59,9 @@ class CollectiveExecutor {
   std::exception_ptr run(Job& job);
   // The message of an exception.
   static std::string describeException(std::exception_ptr error);
-  // The text of a transport's failure, naming the absent ranks or both sides of a mismatch.
-  std::string explain(const CommError& error, uint64_t seq) const;
+  // The text of a transport's failure, naming the absent ranks or both sides of a mismatch, and a
+  // timeout's length.
+  std::string explain(const CommError& error, uint64_t seq, std::chrono::milliseconds timeout) const;
 
   const int rank_;
   const int size_;
