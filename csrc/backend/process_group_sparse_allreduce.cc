@@ -11,6 +11,8 @@
 //   3. allgather of each rank's values.                         sum over q != r of v·nnz_q bytes in
 //   4. locally: rank 0's indices and values as a sparse tensor, each other rank's added in rank
 //      order, coalesced (indices sorted, duplicates summed); the tensor takes the result in place.
+//      float16 and bool, which torch's sparse add does not take on the CPU, are coalesced at once
+//      from every rank's entries in rank order.
 // Each allgather runs with the group's allgather algorithm for its size, its blocks uneven.
 #include <ATen/core/LegacyTypeDispatch.h>
 #include <c10/util/accumulate.h>
@@ -83,7 +85,8 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupTorus::allreduceSparse(at::Tensor& te
     const at::Tensor values = allgatherBlocks(comm, input._values().contiguous().reshape({-1}), valueCounts);
 
     std::vector<int64_t> denseShape = input._values().sizes().vec();
-    at::Tensor sum;
+    std::vector<at::Tensor> indices;
+    std::vector<at::Tensor> parts;
     int64_t shapeOffset = 0;
     int64_t valueOffset = 0;
     for (int q = 0; q < n; ++q) {
@@ -93,14 +96,24 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupTorus::allreduceSparse(at::Tensor& te
       TORUS_CHECK_ARG(sizes == input.sizes(), "all_reduce of sparse tensors needs the same size on every rank: rank ",
                       q, "'s tensor has size ", sizes, ", rank ", rank, "'s has ", input.sizes());
       denseShape[0] = nonZeros;
-      const at::Tensor indices =
-          shapesAndIndices.narrow(0, shapeOffset + dims, sparseDims * nonZeros).view({sparseDims, nonZeros});
-      const at::Tensor part = at::sparse_coo_tensor(
-          indices, values.narrow(0, valueOffset, denseElements * nonZeros).view(denseShape), input.sizes(),
-          input.options());
-      sum = q == 0 ? part : sum.add_(part);
+      indices.push_back(
+          shapesAndIndices.narrow(0, shapeOffset + dims, sparseDims * nonZeros).view({sparseDims, nonZeros}));
+      parts.push_back(values.narrow(0, valueOffset, denseElements * nonZeros).view(denseShape));
       shapeOffset += static_cast<int64_t>(shapeAndIndexCounts[q]);
       valueOffset += static_cast<int64_t>(valueCounts[q]);
+    }
+    at::Tensor sum;
+    if (input.scalar_type() == at::kHalf || input.scalar_type() == at::kBool) {
+      // torch's sparse add has no CPU kernel for these (gloo fails there): every rank's entries
+      // go into one tensor, whose coalesce sums them.
+      sum = at::sparse_coo_tensor(at::cat(indices, 1), at::cat(parts), input.sizes(), input.options());
+    } else {
+      // The sum grows in place from rank 0's part, so that part gets memory of its own: the
+      // others' parts are views of the same gathered buffers.
+      sum = at::sparse_coo_tensor(indices[0].clone(), parts[0].clone(), input.sizes(), input.options());
+      for (int q = 1; q < n; ++q) {
+        sum.add_(at::sparse_coo_tensor(indices[q], parts[q], input.sizes(), input.options()));
+      }
     }
     tensor.copy_(sum.coalesce());
   });
