@@ -31,6 +31,9 @@ FLOAT_DTYPES = ["float32", "float64", "float16", "bfloat16"]
 INT_DTYPES = ["int8", "int16", "int32", "int64", "uint8"]
 OPS = ["SUM", "AVG", "PRODUCT", "MIN", "MAX", "BAND", "BOR", "BXOR", "PREMUL_SUM"]
 BITWISE = {"BAND", "BOR", "BXOR"}
+#: what torch's distributed tests (distributed_test.py's barrier timeouts) and tools that follow
+#: them look for in the error of a timeout or of a peer's closed connection
+TORCH_ERROR_WORDS = r" (Timed out|closed|timeout) "
 #: the scale factor used for PREMUL_SUM (inexact in binary on purpose)
 PREMUL_FACTOR = 1.0 / 3.0
 WORLD_SIZES = [1, 2, 3, 4, 8]

@@ -104,10 +104,10 @@ def at(i: int) -> str:
 
 # --------------------------------------------------------------------------- all_reduce
 
-@scenario("all_reduce.sparse")
+@scenario("all_reduce.sparse_max")
 def _(n, me):
-    t = sparse(4)
-    return lambda: dist.all_reduce(t), [], [r"sparse|layout"]
+    t = sparse(4)  # sparse tensors are all-reduced with SUM only
+    return lambda: dist.all_reduce(t, op=dist.ReduceOp.MAX), [], [r"SUM"]
 
 
 @scenario("all_reduce.meta", torch_noop=True)

@@ -9,6 +9,7 @@ from __future__ import annotations
 import datetime
 import multiprocessing
 import os
+import re
 import resource
 import signal
 import time
@@ -18,7 +19,7 @@ import torch
 import torch.distributed as dist
 
 import harness
-from reference import first_line
+from reference import TORCH_ERROR_WORDS, first_line
 
 # Long enough for a loaded CI machine, far shorter than any timeout the cases set: a mismatch
 # must be found within it, not waited out.
@@ -250,6 +251,8 @@ def _killed_rank_fails_the_others(tmp_path, transport, kind, victim, allreduce="
         assert "DistBackendError" in outcome, f"rank {rank}: {outcome}"
         assert f"rank {victim}" in outcome, f"rank {rank} does not name the dead rank: {outcome}"
         assert "timed out" not in outcome, f"rank {rank} waited out the timeout: {outcome}"
+        assert outcome.startswith("later:") or re.search(TORCH_ERROR_WORDS, outcome), \
+            f"rank {rank}: the error lacks the words torch matches (/{TORCH_ERROR_WORDS}/): {outcome}"
         assert seconds < PROMPT_SECONDS, f"rank {rank} took {seconds:.1f}s to notice: {outcome}"
     later = [outcome for _, outcome, _ in reports if outcome.startswith("later:")]
     assert len(later) == world_size - 1, f"some survivor's next call returned: {reports}"

@@ -6,7 +6,8 @@ torch.distributed.DistBackendError naming the collective, its sequence number an
 waited for: the absent one (a rank blocked behind another that waits for it names the rank it
 waits on, which is not the one to look at). After that, later calls on the group fail at once
 with an error that says the group is broken. Work.wait(timeout=...) on an async work raises at
-that timeout (torch documents "If timeout, exception will be thrown"), naming the same.
+that timeout (torch documents "If timeout, exception will be thrown"), naming the same. Every
+such error also carries the words torch's own tests match (reference.TORCH_ERROR_WORDS).
 
 Every operation runs at once on its own group (one per operation, so each fails by itself),
 issued asynchronously and then waited for: one job of about four timeouts per backend, rather
@@ -31,6 +32,7 @@ import torch.distributed as dist
 
 import expectations
 import harness
+from reference import TORCH_ERROR_WORDS
 
 WORLD_SIZE = 3
 ABSENT = WORLD_SIZE - 1  # the rank that stops calling collectives
@@ -52,7 +54,7 @@ OPS = {
     "work_wait_timeout": (r"all_?reduce", None),
 }
 PROPERTIES = ["raises_dist_backend_error", "at_the_timeout", "names_collective",
-              "names_sequence_number", "names_absent_rank", "fails_fast_after"]
+              "names_sequence_number", "names_absent_rank", "has_torch_words", "fails_fast_after"]
 
 # (transport or "*", operation, property) -> why it fails now
 KNOWN_MISSING: Dict = {}
@@ -170,6 +172,8 @@ def _problems(prop: str, op: str, rank: int, r: Dict) -> List[str]:
     if prop == "names_absent_rank" and not re.search(rf"\brank {ABSENT}\b|\branks\b[^:.;]{{0,40}}\b{ABSENT}\b",
                                                     message, re.I):
         return [f"{where}: the error does not name rank {ABSENT}, which never came: {message[:300]}"]
+    if prop == "has_torch_words" and not re.search(TORCH_ERROR_WORDS, message):
+        return [f"{where}: the error lacks the words torch matches (/{TORCH_ERROR_WORDS}/): {message[:300]}"]
     if prop == "fails_fast_after":
         after = r["after"]
         if after["type"] is None:

@@ -7,6 +7,7 @@
 
 from __future__ import annotations
 
+import datetime
 import sys
 
 import torch
@@ -22,7 +23,7 @@ from .tuning import read as read_tuning
 from .tuning import tuned_allreduce
 
 __all__ = ["Options", "ConfigError", "SETTINGS", "BACKEND_NAME", "algorithm_for", "traffic", "reset_traffic",
-           "init_from_mpi", "init_from_slurm", "init_from_launcher"]
+           "init_from_mpi", "init_from_slurm", "init_from_launcher", "monitored_barrier"]
 
 BACKEND_NAME = "torus"
 _LOG_LEVELS = {"warn": 0, "info": 1, "debug": 2}
@@ -118,6 +119,37 @@ def algorithm_for(collective: str, nbytes: int, group: dist.ProcessGroup | None 
     """
     return _torus_backend(group, "algorithm_for").algorithm_for(collective, nbytes)
 
+
+_torch_monitored_barrier = dist.monitored_barrier
+
+
+def monitored_barrier(group: dist.ProcessGroup | None = None, timeout=None, wait_all_ranks: bool = False) -> None:
+    """torch.distributed.monitored_barrier, for torus groups too (``import torch_torus`` puts it in
+    torch.distributed's place). torch's own refuses every backend but gloo by name before it asks
+    the backend; torus implements it as gloo does: rank 0 waits up to `timeout` for every other
+    rank and raises naming the first that did not come (all of them with wait_all_ranks), and
+    the others raise when rank 0 fails. Groups of other backends go to torch's function."""
+    pg = group if group is not None else dist.group.WORLD
+    if pg is None or dist.distributed_c10d._rank_not_in_group(pg) or not _is_torus(pg):
+        return _torch_monitored_barrier(group, timeout, wait_all_ranks)
+    if timeout is None:
+        timeout = dist.constants.default_pg_timeout
+    elif isinstance(timeout, (int, float)):
+        timeout = datetime.timedelta(seconds=timeout)
+    if not isinstance(timeout, datetime.timedelta):
+        raise TypeError(f"monitored_barrier timeout must be a datetime.timedelta or seconds, got {timeout!r}")
+    return pg.monitored_barrier(timeout, wait_all_ranks=wait_all_ranks)
+
+
+def _is_torus(group: dist.ProcessGroup) -> bool:
+    try:
+        return isinstance(group._get_backend(torch.device("cpu")), _C.ProcessGroupTorus)
+    except RuntimeError:  # no CPU backend
+        return False
+
+
+dist.monitored_barrier = monitored_barrier
+dist.distributed_c10d.monitored_barrier = monitored_barrier
 
 # CUDA is listed so that plain backend="torus" serves CUDA tensors too (a build without the CUDA
 # path answers them with an error naming the tensor, rather than torch's "no backend for device").

@@ -139,7 +139,7 @@ CollectiveExecutor::JobFailure CollectiveExecutor::failureOf(std::exception_ptr 
   try {
     std::rethrow_exception(raised);
   } catch (const CommError& e) {
-    const std::string what = explain(e, running_->work->getSequencenumber());
+    const std::string what = explain(e, running_->work->getSequencenumber(), running_->timeout);
     return {asTorchError(std::make_exception_ptr(CommError(e.kind(), what)), context), context + ": " + what};
   } catch (...) {
     // Not the transport's failure (an allocation, a torch op, a bad grid), but the collective's
@@ -162,7 +162,8 @@ std::string CollectiveExecutor::describeException(std::exception_ptr error) {
   }
 }
 
-std::string CollectiveExecutor::explain(const CommError& error, uint64_t seq) const {
+std::string CollectiveExecutor::explain(const CommError& error, uint64_t seq,
+                                        std::chrono::milliseconds timeout) const {
   if (error.mismatch()) {
     const CallMismatch& mismatch = *error.mismatch();
     std::string what = "ranks called different collectives";
@@ -175,6 +176,7 @@ std::string CollectiveExecutor::explain(const CommError& error, uint64_t seq) co
   }
   std::string what = error.what();
   if (error.kind() == CommError::Kind::kTimeout) {
+    what += timeoutExpired(timeout);
     if (auto missing = arrivals_->describeMissing(seq); !missing.empty()) {
       what += "; " + missing;
     }

@@ -70,8 +70,9 @@ class CollectiveExecutor {
   JobFailure failureOf(std::exception_ptr raised) const;
   // The message of an exception.
   static std::string describeException(std::exception_ptr error);
-  // The text of a transport's failure, naming the absent ranks or both sides of a mismatch.
-  std::string explain(const CommError& error, uint64_t seq) const;
+  // The text of a transport's failure, naming the absent ranks or both sides of a mismatch, and a
+  // timeout's length.
+  std::string explain(const CommError& error, uint64_t seq, std::chrono::milliseconds timeout) const;
 
   const int rank_;
   const int size_;

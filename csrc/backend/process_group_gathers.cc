@@ -55,14 +55,21 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupTorus::_allgather_base(at::Tensor& ou
 }
 
 at::Tensor ProcessGroupTorus::allgatherBytes(Comm& comm, const at::Tensor& mine) {
-  const size_t blockBytes = static_cast<size_t>(mine.numel());
-  const int n = comm.size();
-  at::Tensor gathered = at::empty({static_cast<int64_t>(blockBytes) * n}, at::kByte);
-  if (blockBytes > 0) {
-    std::memcpy(static_cast<char*>(gathered.data_ptr()) + blockBytes * comm.rank(), mine.data_ptr(), blockBytes);
+  return allgatherBlocks(comm, mine,
+                         std::vector<size_t>(static_cast<size_t>(comm.size()), static_cast<size_t>(mine.numel())));
+}
+
+at::Tensor ProcessGroupTorus::allgatherBlocks(Comm& comm, const at::Tensor& mine, const std::vector<size_t>& counts) {
+  const Blocks blocks = blocksOfCounts(counts);
+  const size_t elementSize = mine.element_size();
+  at::Tensor gathered = at::empty({static_cast<int64_t>(spanOf(blocks))}, mine.options());
+  const size_t mineBytes = counts[comm.rank()] * elementSize;
+  if (mineBytes > 0) {
+    std::memcpy(static_cast<char*>(gathered.data_ptr()) + blocks.offsets[comm.rank()] * elementSize, mine.data_ptr(),
+                mineBytes);
   }
-  dispatch_.allgather(dispatch_.algorithmFor("allgather", blockBytes * n), comm, gathered.data_ptr(),
-                      equalBlocks(blockBytes, n), 1);
+  dispatch_.allgather(dispatch_.algorithmFor("allgather", bytesOf(gathered)), comm, gathered.data_ptr(), blocks,
+                      elementSize);
   return gathered;
 }
 

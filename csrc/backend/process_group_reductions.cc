@@ -1,4 +1,5 @@
-// The reducing entry points: all_reduce (and coalesced), reduce, reduce_scatter (list, tensor,
+// The reducing entry points: all_reduce (and coalesced; sparse tensors go to
+// process_group_sparse_allreduce.cc), reduce, reduce_scatter (list, tensor,
 // coalesced tensors).
 #include "backend/log.h"
 #include "backend/process_group_torus.h"
@@ -42,6 +43,9 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupTorus::allreduce(std::vector<at::Tens
                                                             const c10d::AllreduceOptions& opts) {
   checkSingle(tensors.size(), "all_reduce");
   at::Tensor tensor = tensors[0];
+  if (tensor.defined() && tensor.is_sparse()) {
+    return allreduceSparse(tensor, opts);
+  }
   checkOutput(tensor, "all_reduce tensor");
   auto reduction = Reduction::of(opts.reduceOp, tensor.scalar_type(), "all_reduce");
   const Algorithm algorithm = dispatch_.algorithmFor("allreduce", bytesOf(tensor));

@@ -6,7 +6,8 @@
 // and receives go straight to the transport so that a rank's isend and irecv can never block each
 // other. The entry points live in one file per family: process_group_reductions.cc,
 // process_group_gathers.cc, process_group_broadcasts.cc, process_group_all_to_all.cc and
-// process_group_point_to_point.cc.
+// process_group_point_to_point.cc; all_reduce of sparse tensors in process_group_sparse_allreduce.cc
+// and the monitored barrier in process_group_monitored_barrier.cc.
 #pragma once
 
 #include <atomic>
@@ -60,6 +61,8 @@ class ProcessGroupTorus : public c10d::Backend {
                                            const c10d::BroadcastOptions& opts) override;
   c10::intrusive_ptr<c10d::Work> allreduce(std::vector<at::Tensor>& tensors,
                                            const c10d::AllreduceOptions& opts) override;
+  c10::intrusive_ptr<c10d::Work> allreduce_sparse(std::vector<at::Tensor>& tensors,
+                                                  const c10d::AllreduceOptions& opts) override;
   c10::intrusive_ptr<c10d::Work> allreduce_coalesced(std::vector<at::Tensor>& tensors,
                                                      const c10d::AllreduceCoalescedOptions& opts) override;
   c10::intrusive_ptr<c10d::Work> reduce(std::vector<at::Tensor>& tensors, const c10d::ReduceOptions& opts) override;
@@ -92,6 +95,10 @@ class ProcessGroupTorus : public c10d::Backend {
   c10::intrusive_ptr<c10d::Work> alltoall(std::vector<at::Tensor>& outputs, std::vector<at::Tensor>& inputs,
                                           const c10d::AllToAllOptions& opts) override;
   c10::intrusive_ptr<c10d::Work> barrier(const c10d::BarrierOptions& opts) override;
+  // torch's semantics (gloo's): rank 0 waits up to the timeout for every other rank to arrive and
+  // raises naming the ranks that did not (the first, or all of them with waitAllRanks); the others
+  // raise when rank 0 fails. Runs on the calling thread, beside queued collectives.
+  void monitoredBarrier(const c10d::BarrierOptions& opts, bool waitAllRanks) override;
   c10::intrusive_ptr<c10d::Work> send(std::vector<at::Tensor>& tensors, int dstRank, int tag) override;
   c10::intrusive_ptr<c10d::Work> recv(std::vector<at::Tensor>& tensors, int srcRank, int tag) override;
   c10::intrusive_ptr<c10d::Work> recvAnysource(std::vector<at::Tensor>& tensors, int tag) override;
@@ -112,6 +119,11 @@ class ProcessGroupTorus : public c10d::Backend {
   // Allgather of byte blocks: every rank contributes `mine` (the same length on every rank);
   // returns world-size blocks back to back.
   at::Tensor allgatherBytes(Comm& comm, const at::Tensor& mine);
+  // Allgather of uneven blocks: rank q contributes counts[q] elements (`mine`, contiguous, on this
+  // rank); returns every rank's block back to back in rank order, as one 1-D tensor of mine's dtype.
+  at::Tensor allgatherBlocks(Comm& comm, const at::Tensor& mine, const std::vector<size_t>& counts);
+  // all_reduce (SUM) of a sparse COO tensor, in place; `tensor` is sparse.
+  c10::intrusive_ptr<c10d::Work> allreduceSparse(at::Tensor& tensor, const c10d::AllreduceOptions& opts);
   // Reduce-scatters `buffer` (prepared by `reduction`) in `blocks` and finishes this rank's
   // block into `output`; on the host, or on `device` (null for CPU tensors).
   void reduceScatterInto(Algorithm algorithm, Comm& comm, DeviceCall* device, at::Tensor& buffer,
@@ -144,6 +156,7 @@ class ProcessGroupTorus : public c10d::Backend {
   std::shared_ptr<GroupFailure> failure_ = std::make_shared<GroupFailure>();
   std::unique_ptr<CollectiveExecutor> executor_;
   std::atomic<uint64_t> p2pIssued_{0}; // sends and receives issued, to number them in errors
+  std::atomic<uint64_t> monitoredBarriers_{0}; // monitored barriers called, each with tags of its own
 };
 
 } // namespace torus

@@ -18,14 +18,25 @@ std::exception_ptr asTorchError(std::exception_ptr error, const std::string& con
   try {
     std::rethrow_exception(error);
   } catch (const CommError& e) {
+    std::string what = context + ": " + e.what();
+    // The transports word a peer's end their own way ("rank 2 closed its connection", "rank 2
+    // (pid 7) exited", "rank 2 gave up on the group: ..."); torch's tests and tools look for
+    // " closed " in it.
+    if (e.kind() == CommError::Kind::kPeer && what.find(" closed ") == std::string::npos) {
+      what += " (connection closed by peer)";
+    }
     try {
-      C10_THROW_ERROR(DistBackendError, context + ": " + e.what());
+      C10_THROW_ERROR(DistBackendError, what);
     } catch (...) {
       return std::current_exception();
     }
   } catch (...) {
     return std::current_exception();
   }
+}
+
+std::string timeoutExpired(std::chrono::milliseconds timeout) {
+  return " (the timeout of " + std::to_string(timeout.count()) + " ms expired)";
 }
 
 void GroupFailure::record(const std::string& what) {
@@ -67,7 +78,7 @@ bool TorusWork::wait(std::chrono::milliseconds timeout) {
     std::unique_lock<std::mutex> lock(mutex_);
     if (!cv_.wait_for(lock, timeout, [&] { return completed_; })) {
       lock.unlock();
-      std::string what = context_ + ": Work.wait timed out after " + std::to_string(timeout.count()) + " ms";
+      std::string what = context_ + ": Work.wait timed out" + timeoutExpired(timeout);
       if (auto missing = arrivals_->describeMissing(seq_); !missing.empty()) {
         what += "; " + missing;
       }
@@ -166,6 +177,9 @@ bool TorusP2PWork::wait(std::chrono::milliseconds timeout) {
     try {
       transport_->wait({request_}, Clock::now() + limit);
       settle(nullptr);
+    } catch (const CommError& e) {
+      fail(std::make_exception_ptr(
+          e.kind() == CommError::Kind::kTimeout ? CommError(e.kind(), e.what() + timeoutExpired(limit)) : e));
     } catch (...) {
       fail(std::current_exception());
     }

@@ -3,6 +3,7 @@
 #pragma once
 
 #include <atomic>
+#include <chrono>
 #include <functional>
 #include <memory>
 #include <mutex>
@@ -20,8 +21,13 @@ namespace torus {
 
 // Turns a failure of ours into the exception torch.distributed users catch:
 // CommError (peer death, timeout, mismatch, abort) becomes DistBackendError, prefixed with
-// `context` (the collective, its sequence number and this rank); others keep their type.
+// `context` (the collective, its sequence number and this rank); others keep their type. A
+// peer's failure also says "connection closed by peer", as gloo's does.
 std::exception_ptr asTorchError(std::exception_ptr error, const std::string& context);
+
+// " (the timeout of 2000 ms expired)": what every timeout's text says after our own, so that it
+// carries the words torch's tests and tools match (" (Timed out|closed|timeout) ").
+std::string timeoutExpired(std::chrono::milliseconds timeout);
 
 // The first failure of a group, shared by its worker thread and its point-to-point works: once
 // one is recorded, every later call on the group fails at once, naming it.
