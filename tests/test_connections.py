@@ -16,8 +16,6 @@ WORLD = 32
 def _tcp_sockets(tables=("/proc/net/tcp", "/proc/net/tcp6")) -> dict[str, int]:
     """This process's TCP sockets (IPv4 and IPv6, or those of `tables`): {"listening": n,
     "connected": m}."""
-    import os
-
     inodes = set()
     for fd in os.listdir("/proc/self/fd"):
         try:
