@@ -4,6 +4,7 @@
 #include <torch/python.h>
 
 #include "backend/algorithm_catalog.h"
+#include "backend/direct_ops.h"
 #include "backend/process_group_torus.h"
 #include "collectives/blocks.h"
 #include "device_collectives_on_host.h"
@@ -65,6 +66,7 @@ PYBIND11_MODULE(_C, module) {
   module.attr("DEFAULT_CHUNK_BYTES") = torus::Chunking().chunkBytes;
   module.attr("DEFAULT_EAGER_BYTES") = torus::MessageOptions().eagerBytes;
   module.attr("DEFAULT_EAGER_WINDOW") = torus::MessageOptions().eagerWindowBytes;
+  module.attr("DEFAULT_INLINE_BYTES") = torus::kDefaultInlineBytes;
   module.attr("SHM_SLOT_BYTES") = torus::SharedMemory::kSlotBytes;
 
   py::class_<torus::AlgorithmRule>(module, "AlgorithmRule")
@@ -83,6 +85,7 @@ PYBIND11_MODULE(_C, module) {
       .def_readwrite("chunk_bytes", &torus::TorusConfig::chunkBytes)
       .def_readwrite("eager_bytes", &torus::TorusConfig::eagerBytes)
       .def_readwrite("eager_window", &torus::TorusConfig::eagerWindowBytes)
+      .def_readwrite("inline_bytes", &torus::TorusConfig::inlineBytes)
       .def_readwrite("algorithms", &torus::TorusConfig::algorithms)
       .def_readwrite("torus_rows", &torus::TorusConfig::torusRows)
       .def_readwrite("torus_inner", &torus::TorusConfig::torusInner)
@@ -91,8 +94,13 @@ PYBIND11_MODULE(_C, module) {
 
   py::class_<torus::ProcessGroupTorus, c10d::Backend, c10::intrusive_ptr<torus::ProcessGroupTorus>>(
       module, "ProcessGroupTorus")
-      .def(py::init<const c10::intrusive_ptr<c10d::Store>&, int, int, std::chrono::milliseconds, torus::TorusConfig,
-                    std::string>(),
+      .def(py::init([](const c10::intrusive_ptr<c10d::Store>& store, int rank, int size,
+                       std::chrono::milliseconds timeout, torus::TorusConfig config, const std::string& groupName) {
+             auto group = c10::make_intrusive<torus::ProcessGroupTorus>(store, rank, size, timeout, std::move(config),
+                                                                        groupName);
+             torus::registerDirectGroup(groupName, group);
+             return group;
+           }),
            py::arg("store"), py::arg("rank"), py::arg("size"), py::arg("timeout"), py::arg("config"),
            py::arg("group_name"), py::call_guard<py::gil_scoped_release>())
       .def_property_readonly("config", &torus::ProcessGroupTorus::config)

@@ -60,6 +60,7 @@ BAD: dict[str, list[str]] = {
     "TORUS_EAGER_BYTES": ["", " ", "-1", "-1K", "lots", "0.5M", "1e6", "0x100", "4T", "1025G", "K", str(1 << 64),
                           "٥١٢", "512K\u200b", "\udcff"],
     "TORUS_EAGER_WINDOW": ["", "-4M", "many", "4 MB extra", "2000G", "4M\x00", "\udcff"],
+    "TORUS_INLINE_BYTES": ["", "-1M", "lots", "1 MB extra", "2000G", "1M\x00", "\udcff"],
     "TORUS_SOCKET_IFNAME": ["no-such-if0", "lo;eth0", "lo\x00", "\udcff", "l" * 300, "*"],
     "TORUS_TUNING_FILE": ["/no/such/file.json", "/", "/dev/null", "/dev/zero", "/proc", "a\x00b", "\x07",
                           "file\udcff"],
@@ -85,6 +86,7 @@ GOOD: dict[str, list[str]] = {
     "TORUS_CHUNK_BYTES": ["512K", "4096", "1M", "1m", "64KiB", "2g", "1 K", " 8192 ", "1024G", "1"],
     "TORUS_EAGER_BYTES": ["512K", "0", "1", "64KiB", " 1M ", "1024G"],
     "TORUS_EAGER_WINDOW": ["4M", "0", "64K", "1g", " 8192 "],
+    "TORUS_INLINE_BYTES": ["1M", "0", "64K", "1g", " 8192 "],
     "TORUS_SOCKET_IFNAME": ["", " "] + (["lo"] if "lo" in IFNAMES else []),
     "TORUS_TUNING_FILE": [""],  # a real file is added by the tuning_file fixture
     "TORUS_LINK_BANDWIDTH": ["10gbit", "1Gbit/s", "300mbit", "1.5gbit", " 100gbit ", "25gbitps", "800kbit",

@@ -57,11 +57,13 @@ NEEDS_GRID: tuple[str, ...] = tuple(a.name for a in BY_COLLECTIVE["allreduce"] i
 GRID_ALLREDUCE: str = NEEDS_GRID[0]
 
 # Shared with the algorithms: the chunks a pipelined algorithm keeps in flight per peer, the
-# default chunk, the one-shot shared-memory slot, and the message layer's flow control.
+# default chunk, the one-shot shared-memory slot, the message layer's flow control, and the
+# largest collective run on the calling thread.
 CHUNKS_IN_FLIGHT: int = _C.CHUNKS_IN_FLIGHT
 DEFAULT_CHUNK_BYTES: int = _C.DEFAULT_CHUNK_BYTES
 DEFAULT_EAGER_BYTES: int = _C.DEFAULT_EAGER_BYTES
 DEFAULT_EAGER_WINDOW: int = _C.DEFAULT_EAGER_WINDOW
+DEFAULT_INLINE_BYTES: int = _C.DEFAULT_INLINE_BYTES
 SHM_SLOT_BYTES: int = _C.SHM_SLOT_BYTES
 
 

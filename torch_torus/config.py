@@ -34,6 +34,7 @@ MAX_BYTES = (1 << 64) - 1  # "max" in a rule: no upper bound
 DEFAULT_CHUNK_BYTES = algorithms.DEFAULT_CHUNK_BYTES
 DEFAULT_EAGER_BYTES = algorithms.DEFAULT_EAGER_BYTES
 DEFAULT_EAGER_WINDOW = algorithms.DEFAULT_EAGER_WINDOW
+DEFAULT_INLINE_BYTES = algorithms.DEFAULT_INLINE_BYTES
 # The largest chunk: far beyond any useful pipelining, and small enough that the algorithms'
 # segment arithmetic (ranks x chunks in flight x chunk bytes) cannot overflow 64 bits.
 MAX_CHUNK_BYTES = 1 << 40
@@ -264,6 +265,16 @@ SETTINGS: tuple[Setting, ...] = (
         _byte_count,
         "Most payload a rank holds per peer for messages it has not asked for yet (the bound on a "
         "receiver's memory when a sender runs ahead); a sender past it waits for the receive.",
+        _render_size,
+    ),
+    Setting(
+        "TORUS_INLINE_BYTES",
+        _render_size(DEFAULT_INLINE_BYTES),
+        _byte_count,
+        "Largest collective (bytes of its tensors) that runs on the calling thread when the caller "
+        "waits for it at once (async_op=False) and none of the group's collectives is queued or "
+        "running: no hand-off to the group's worker thread and back. Larger ones, async_op=True and "
+        "CUDA tensors go through the worker. 0: every collective does.",
         _render_size,
     ),
     Setting(

@@ -1,7 +1,5 @@
 #include "backend/collective_executor.h"
 
-#include <sstream>
-
 #include "backend/log.h"
 #include "backend/tensor_checks.h"
 
@@ -11,8 +9,7 @@ CollectiveExecutor::CollectiveExecutor(int rank, int size, std::string groupName
                                        std::shared_ptr<Transport> transport, Comm& comm,
                                        std::shared_ptr<ArrivalBoard> arrivals, std::shared_ptr<GroupFailure> failure)
     : rank_(rank),
-      size_(size),
-      groupName_(std::move(groupName)),
+      label_(std::make_shared<const GroupLabel>(GroupLabel{rank, size, std::move(groupName)})),
       logLevel_(logLevel),
       transport_(std::move(transport)),
       comm_(comm),
@@ -35,19 +32,54 @@ c10::intrusive_ptr<c10d::Work> CollectiveExecutor::enqueue(const CallDescription
                                                            std::vector<at::Tensor> outputs,
                                                            std::vector<at::Tensor> inputs,
                                                            std::chrono::milliseconds timeout, Body body,
-                                                           std::shared_ptr<DeviceCall> device) {
+                                                           std::shared_ptr<DeviceCall> device, bool mayRunHere) {
   const char* title = call.title();
   std::unique_lock<std::mutex> lock(mutex_);
   TORUS_CHECK(!stopping_, title, " called on a process group that has been shut down or aborted");
   const uint64_t seq = ++issued_;
-  std::ostringstream context;
-  context << title << " #" << seq << " (rank " << rank_ << " of " << size_ << ", group '" << groupName_ << "')";
   auto work = c10::make_intrusive<TorusWork>(rank_, call.type, title, std::move(outputs), seq, std::move(inputs),
-                                            context.str(), arrivals_, device);
-  queue_.push_back(Job{work, context.str(), timeout, call.signature(), std::move(body), std::move(device)});
+                                            label_, arrivals_, device);
+  Job job{work, seq, title, timeout, call.signature(), std::move(body), std::move(device)};
+  if (mayRunHere && !job.device && !busy_ && queue_.empty()) {
+    busy_ = true;
+    lock.unlock();
+    execute(job);
+    releaseCallingThread();
+    return work;
+  }
+  queue_.push_back(std::move(job));
   lock.unlock();
   queueChanged_.notify_one();
   return work;
+}
+
+bool CollectiveExecutor::runHereIfIdle(const CallDescription& call, std::chrono::milliseconds timeout, Body body) {
+  const char* title = call.title();
+  std::unique_lock<std::mutex> lock(mutex_);
+  TORUS_CHECK(!stopping_, title, " called on a process group that has been shut down or aborted");
+  if (busy_ || !queue_.empty()) {
+    return false;
+  }
+  busy_ = true;
+  Job job{nullptr, ++issued_, title, timeout, call.signature(), std::move(body), nullptr};
+  lock.unlock();
+  std::exception_ptr error = attempt(job);
+  releaseCallingThread();
+  if (error) {
+    std::rethrow_exception(error);
+  }
+  return true;
+}
+
+void CollectiveExecutor::releaseCallingThread() {
+  std::unique_lock<std::mutex> lock(mutex_);
+  busy_ = false;
+  // Calls queued meanwhile by other threads wait for the worker.
+  const bool queued = !queue_.empty();
+  lock.unlock();
+  if (queued) {
+    queueChanged_.notify_one();
+  }
 }
 
 void CollectiveExecutor::runWorker() {
@@ -55,50 +87,74 @@ void CollectiveExecutor::runWorker() {
     Job job;
     {
       std::unique_lock<std::mutex> lock(mutex_);
+      const auto ready = [&] { return !queue_.empty() && !busy_; };
       // Spin briefly before sleeping: a caller issuing collectives back to back hands over the
       // next one within microseconds, and a condition-variable sleep would cost a wake-up.
       const auto spinUntil = Clock::now() + kSpinBeforeSleep;
-      while (!stopping_ && queue_.empty() && Clock::now() < spinUntil) {
+      while (!stopping_ && !ready() && Clock::now() < spinUntil) {
         lock.unlock();
         std::this_thread::yield();
         lock.lock();
       }
-      queueChanged_.wait(lock, [&] { return stopping_ || !queue_.empty(); });
+      queueChanged_.wait(lock, [&] { return ready() || (stopping_ && queue_.empty()); });
       if (queue_.empty()) {
         return;
       }
       job = std::move(queue_.front());
       queue_.pop_front();
+      busy_ = true;
     }
-    std::exception_ptr error;
-    // A device call's stream stays current until the work is completed, so that its CUDA-aware
-    // future records its events there.
-    std::shared_ptr<void> deviceScope;
-    try {
-      failure_->throwIfFailed(job.context);
-      if (job.device) {
-        deviceScope = job.device->enter();
-      }
-      error = run(job);
-    } catch (...) {
-      error = asTorchError(std::current_exception(), job.context);
-    }
-    if (error) {
-      job.work->fail(error);
-    } else {
-      job.work->complete();
-    }
-    deviceScope.reset();
+    execute(job);
+    std::lock_guard<std::mutex> lock(mutex_);
+    busy_ = false;
   }
 }
 
+void CollectiveExecutor::execute(Job& job) {
+  // A device call's stream stays current until the work is completed, so that its CUDA-aware
+  // future records its events there.
+  std::shared_ptr<void> deviceScope;
+  std::exception_ptr error;
+  try {
+    if (job.device) {
+      deviceScope = job.device->enter();
+    }
+  } catch (...) {
+    error = asTorchError(std::current_exception(), contextOf(job));
+  }
+  if (!error) {
+    error = attempt(job);
+  }
+  if (error) {
+    job.work->fail(error);
+  } else {
+    job.work->complete();
+  }
+  deviceScope.reset();
+}
+
+std::exception_ptr CollectiveExecutor::attempt(Job& job) {
+  try {
+    if (failure_->failed()) {
+      failure_->throwIfFailed(contextOf(job));
+    }
+    return run(job);
+  } catch (...) {
+    return asTorchError(std::current_exception(), contextOf(job));
+  }
+}
+
+std::string CollectiveExecutor::contextOf(const Job& job) const {
+  return label_->context(job.title, job.seq);
+}
+
 std::exception_ptr CollectiveExecutor::run(Job& job) {
-  const uint64_t seq = job.work->getSequencenumber();
+  const uint64_t seq = job.seq;
   running_ = &job;
   runningFailure_.reset();
   try {
     if (logLevel_ >= 2) {
-      logLine(rank_, job.context);
+      logLine(rank_, contextOf(job));
     }
     comm_.setTag(seq);
     comm_.setCall(job.call);
@@ -135,11 +191,11 @@ void CollectiveExecutor::failRunning(std::exception_ptr raised) {
 }
 
 CollectiveExecutor::JobFailure CollectiveExecutor::failureOf(std::exception_ptr raised) const {
-  const std::string& context = running_->context;
+  const std::string context = contextOf(*running_);
   try {
     std::rethrow_exception(raised);
   } catch (const CommError& e) {
-    const std::string what = explain(e, running_->work->getSequencenumber(), running_->timeout);
+    const std::string what = explain(e, running_->seq, running_->timeout);
     return {asTorchError(std::make_exception_ptr(CommError(e.kind(), what)), context), context + ": " + what};
   } catch (...) {
     // Not the transport's failure (an allocation, a torch op, a bad grid), but the collective's
@@ -196,7 +252,7 @@ void CollectiveExecutor::stop(bool abortPending) {
   queueChanged_.notify_all();
   for (auto& job : abandoned) {
     job.work->fail(asTorchError(
-        std::make_exception_ptr(CommError(CommError::Kind::kAborted, "the process group was aborted")), job.context));
+        std::make_exception_ptr(CommError(CommError::Kind::kAborted, "the process group was aborted")), contextOf(job)));
   }
   if (worker_.joinable()) {
     worker_.join();

@@ -1,6 +1,8 @@
 // CollectiveExecutor: the group's one worker thread and its failure policy. Collectives are
 // queued as jobs and run in issue order, which is the same on every rank; each returns a
-// TorusWork at once. A job's failure is recorded for the group (later calls fail fast naming
+// TorusWork at once. A call its caller waits for at once (async_op=False) that finds the queue
+// empty and the worker idle runs on the calling thread instead, and returns completed: no
+// hand-off to the worker and no wake-up, the same order. A job's failure is recorded for the group (later calls fail fast naming
 // it), turned into the error torch users catch (DistBackendError for a peer's death, a timeout,
 // a mismatch or an abort — naming the ranks that never came, or both sides of a mismatch), and
 // aborts the transport before the job's buffers are freed.
@@ -38,9 +40,14 @@ class CollectiveExecutor {
 
   // Queues `body`; the returned work completes with `outputs`. Every message of the call carries
   // its signature, which every rank must agree on. `device`: the call's device side, or null.
+  // `mayRunHere`: the caller waits for the work at once, so the job may run on its thread when
+  // nothing is queued or running (never for a device call, whose stream the worker owns).
   c10::intrusive_ptr<c10d::Work> enqueue(const CallDescription& call, std::vector<at::Tensor> outputs,
                                          std::vector<at::Tensor> inputs, std::chrono::milliseconds timeout, Body body,
-                                         std::shared_ptr<DeviceCall> device);
+                                         std::shared_ptr<DeviceCall> device, bool mayRunHere);
+  // Runs `body` on this thread as the group's next collective, with no Work, when nothing is
+  // queued or running, and raises its error; false, with nothing run, otherwise.
+  bool runHereIfIdle(const CallDescription& call, std::chrono::milliseconds timeout, Body body);
   // The sequence number of the last collective issued.
   uint64_t issued();
   // Ends the worker once the queue is empty; with abortPending, fails queued jobs first.
@@ -48,8 +55,9 @@ class CollectiveExecutor {
 
  private:
   struct Job {
-    c10::intrusive_ptr<TorusWork> work;
-    std::string context;
+    c10::intrusive_ptr<TorusWork> work; // null for runHereIfIdle's calls
+    uint64_t seq;
+    const char* title;
     std::chrono::milliseconds timeout;
     CallSignature call;
     Body body;
@@ -62,8 +70,16 @@ class CollectiveExecutor {
     std::string text;
   };
   void runWorker();
+  // Runs one job and completes or fails its work; on the worker, or on the calling thread.
+  void execute(Job& job);
+  // Runs one job; the error its caller gets, or null.
+  std::exception_ptr attempt(Job& job);
+  // After a job ran on a calling thread: the worker takes calls queued meanwhile.
+  void releaseCallingThread();
   // Runs one job; the error for its work, or null when it succeeded.
   std::exception_ptr run(Job& job);
+  // "torus:all_reduce:ring #7 (rank 0 of 4, group '0')"
+  std::string contextOf(const Job& job) const;
   // Fails the running job for `raised`, once: records it for the group and aborts the transport.
   // From the job's thread (run's catch, or an algorithm through Comm::fail).
   void failRunning(std::exception_ptr raised);
@@ -75,8 +91,7 @@ class CollectiveExecutor {
   std::string explain(const CommError& error, uint64_t seq, std::chrono::milliseconds timeout) const;
 
   const int rank_;
-  const int size_;
-  const std::string groupName_;
+  const std::shared_ptr<const GroupLabel> label_;
   const int logLevel_;
   std::shared_ptr<Transport> transport_;
   Comm& comm_;
@@ -88,6 +103,8 @@ class CollectiveExecutor {
   std::deque<Job> queue_;
   uint64_t issued_ = 0;
   bool stopping_ = false;
+  // A job runs, on the worker or a calling thread; the one runner of the group's Comm.
+  bool busy_ = false;
   // The worker's last calls by sequence number, to describe a mismatch found a few calls late.
   std::array<std::pair<uint64_t, CallSignature>, 16> recentCalls_{};
   // The job the worker runs, and its failure once it has one.

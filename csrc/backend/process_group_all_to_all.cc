@@ -72,7 +72,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupTorus::alltoall_base(at::Tensor& outp
   auto staging = std::make_shared<HostStaging>();
   at::Tensor hostInput = staging->input(input);
   at::Tensor hostOutput = staging->output(output);
-  return submit(call, {output}, {input}, opts.timeout,
+  return submit(call, {output}, {input}, opts,
                 [staging, hostOutput, hostInput, sent, received](Comm& comm, DeviceCall* device) mutable {
     staging->copyIn(device, comm.deadline());
     at::Tensor in = contiguousBuffer(hostInput);
@@ -111,7 +111,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupTorus::alltoall(std::vector<at::Tenso
   auto staging = std::make_shared<HostStaging>();
   std::vector<at::Tensor> hostInputs = staging->inputs(inputs);
   std::vector<at::Tensor> hostOutputs = staging->outputs(outputs);
-  return submit(call, outputs, inputs, opts.timeout,
+  return submit(call, outputs, inputs, opts,
                 [staging, hostOutputs, hostInputs, sent, received](Comm& comm, DeviceCall* device) mutable {
     staging->copyIn(device, comm.deadline());
     at::Tensor packed = packBytes(hostInputs);

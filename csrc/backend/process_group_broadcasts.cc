@@ -20,7 +20,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupTorus::broadcast(std::vector<at::Tens
                              algorithm};
   auto staging = std::make_shared<HostStaging>();
   at::Tensor host = staging->inputOutput(tensor);
-  return submit(call, {tensor}, {tensor}, opts.timeout,
+  return submit(call, {tensor}, {tensor}, opts,
                 [this, staging, host, root, algorithm](Comm& comm, DeviceCall* device) mutable {
                   staging->copyIn(device, comm.deadline());
                   at::Tensor buffer = contiguousBuffer(host);
@@ -44,7 +44,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupTorus::scatter(std::vector<at::Tensor
   auto staging = std::make_shared<HostStaging>();
   at::Tensor hostOutput = staging->output(output);
   std::vector<at::Tensor> hostInputs = staging->inputs(inputList);
-  return submit(call, {output}, inputList, opts.timeout,
+  return submit(call, {output}, inputList, opts,
                 [staging, hostOutput, hostInputs, root](Comm& comm, DeviceCall* device) mutable {
                   staging->copyIn(device, comm.deadline());
                   at::Tensor packed = comm.rank() == root ? packBytes(hostInputs) : at::Tensor();
@@ -57,7 +57,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupTorus::scatter(std::vector<at::Tensor
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupTorus::barrier(const c10d::BarrierOptions& opts) {
-  return submit(CallDescription{c10d::OpType::BARRIER}, {}, {}, opts.timeout,
+  return submit(CallDescription{c10d::OpType::BARRIER}, {}, {}, opts,
                 [](Comm& comm, DeviceCall*) { barrier_dissemination(comm); });
 }
 

@@ -23,7 +23,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupTorus::allgather(std::vector<std::vec
   const Algorithm algorithm = dispatch_.algorithmFor("allgather", bytesOf(input) * size_);
   const CallDescription call{c10d::OpType::ALLGATHER, input.scalar_type(), bytesOf(input) * size_, std::nullopt, -1,
                              algorithm};
-  return submit(call, outputList, {input}, opts.timeout, [this, input, outputList, algorithm](Comm& comm, DeviceCall* device) mutable {
+  return submit(call, outputList, {input}, opts, [this, input, outputList, algorithm](Comm& comm, DeviceCall* device) mutable {
     const auto count = input.numel();
     at::Tensor gathered = at::empty({count * size_}, input.options());
     gathered.narrow(0, count * rank_, count).copy_(input.reshape({-1}));
@@ -45,7 +45,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupTorus::_allgather_base(at::Tensor& ou
   const Algorithm algorithm = dispatch_.algorithmFor("allgather", bytesOf(output));
   const CallDescription call{c10d::OpType::_ALLGATHER_BASE, output.scalar_type(), bytesOf(output), std::nullopt, -1,
                              algorithm};
-  return submit(call, {output}, {input}, opts.timeout, [this, input, output, algorithm](Comm& comm, DeviceCall* device) mutable {
+  return submit(call, {output}, {input}, opts, [this, input, output, algorithm](Comm& comm, DeviceCall* device) mutable {
     const auto count = input.numel();
     at::Tensor buffer = output.is_contiguous() ? output : at::empty({output.numel()}, output.options());
     buffer.view({-1}).narrow(0, count * rank_, count).copy_(input.reshape({-1}));
@@ -99,7 +99,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupTorus::allgather_coalesced(std::vecto
   for (const auto& list : outputLists) {
     hostOutputLists.push_back(staging->outputs(list));
   }
-  return submit(call, flatOutputs, inputs, opts.timeout,
+  return submit(call, flatOutputs, inputs, opts,
                 [this, staging, hostInputs, hostOutputLists](Comm& comm, DeviceCall* device) mutable {
     staging->copyIn(device, comm.deadline());
     at::Tensor gathered = allgatherBytes(comm, packBytes(hostInputs));
@@ -134,7 +134,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupTorus::allgather_into_tensor_coalesce
   auto staging = std::make_shared<HostStaging>();
   std::vector<at::Tensor> hostInputs = staging->inputs(inputs);
   std::vector<at::Tensor> hostOutputs = staging->outputs(outputs);
-  return submit(call, outputs, inputs, opts.timeout,
+  return submit(call, outputs, inputs, opts,
                 [this, staging, hostInputs, hostOutputs](Comm& comm, DeviceCall* device) mutable {
     staging->copyIn(device, comm.deadline());
     at::Tensor gathered = allgatherBytes(comm, packBytes(hostInputs));
@@ -167,7 +167,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupTorus::gather(std::vector<std::vector
   auto staging = std::make_shared<HostStaging>();
   at::Tensor hostInput = staging->input(input);
   std::vector<at::Tensor> hostOutputs = staging->outputs(outputList);
-  return submit(call, outputList, {input}, opts.timeout,
+  return submit(call, outputList, {input}, opts,
                 [this, staging, hostInput, hostOutputs, root](Comm& comm, DeviceCall* device) mutable {
     staging->copyIn(device, comm.deadline());
     at::Tensor in = contiguousBuffer(hostInput);

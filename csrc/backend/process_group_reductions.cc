@@ -47,16 +47,33 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupTorus::allreduce(std::vector<at::Tens
     return allreduceSparse(tensor, opts);
   }
   checkOutput(tensor, "all_reduce tensor");
-  auto reduction = Reduction::of(opts.reduceOp, tensor.scalar_type(), "all_reduce");
+  auto [call, body] = denseAllreduce(tensor, opts.reduceOp);
+  return submit(call, {tensor}, {tensor}, opts, std::move(body));
+}
+
+void ProcessGroupTorus::allreduceHere(at::Tensor& tensor, const c10d::ReduceOp& op) {
+  checkOutput(tensor, "all_reduce_ tensor");
+  auto [call, body] = denseAllreduce(tensor, op);
+  if (!executor_->runHereIfIdle(call, timeout_.load(), std::move(body))) {
+    c10d::AllreduceOptions opts;
+    opts.reduceOp = op;
+    opts.asyncOp = false;
+    std::vector<at::Tensor> tensors{tensor};
+    allreduce(tensors, opts)->wait();
+  }
+}
+
+std::pair<CallDescription, CollectiveExecutor::Body> ProcessGroupTorus::denseAllreduce(const at::Tensor& tensor,
+                                                                                       const c10d::ReduceOp& op) {
+  auto reduction = Reduction::of(op, tensor.scalar_type(), "all_reduce");
   const Algorithm algorithm = dispatch_.algorithmFor("allreduce", bytesOf(tensor));
-  const CallDescription call{c10d::OpType::ALLREDUCE, tensor.scalar_type(), bytesOf(tensor), opts.reduceOp.op_, -1,
-                             algorithm};
-  return submit(call, {tensor}, {tensor}, opts.timeout, [this, tensor, reduction, algorithm](Comm& comm, DeviceCall* device) mutable {
-    at::Tensor buffer = contiguousBuffer(tensor);
-    reduction.prepare(buffer);
-    allreduceBuffer(algorithm, comm, device, buffer, reduction);
-    reduction.finish(buffer, tensor, size_);
-  });
+  const CallDescription call{c10d::OpType::ALLREDUCE, tensor.scalar_type(), bytesOf(tensor), op.op_, -1, algorithm};
+  return {call, [this, tensor = tensor, reduction, algorithm](Comm& comm, DeviceCall* device) mutable {
+            at::Tensor buffer = contiguousBuffer(tensor);
+            reduction.prepare(buffer);
+            allreduceBuffer(algorithm, comm, device, buffer, reduction);
+            reduction.finish(buffer, tensor, size_);
+          }};
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupTorus::allreduce_coalesced(std::vector<at::Tensor>& tensors,
@@ -72,7 +89,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupTorus::allreduce_coalesced(std::vecto
   const Algorithm algorithm = dispatch_.algorithmFor("allreduce", totalBytes);
   const CallDescription call{c10d::OpType::ALLREDUCE_COALESCED, tensors[0].scalar_type(), totalBytes,
                              opts.reduceOp.op_, -1, algorithm};
-  return submit(call, tensors, tensors, opts.timeout, [this, tensors, reduction, algorithm](Comm& comm, DeviceCall* device) mutable {
+  return submit(call, tensors, tensors, opts, [this, tensors, reduction, algorithm](Comm& comm, DeviceCall* device) mutable {
     at::Tensor buffer = concatenated(tensors);
     reduction.prepare(buffer);
     allreduceBuffer(algorithm, comm, device, buffer, reduction);
@@ -94,7 +111,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupTorus::reduce(std::vector<at::Tensor>
   auto reduction = Reduction::of(opts.reduceOp, tensor.scalar_type(), "reduce");
   const int root = static_cast<int>(opts.rootRank);
   const CallDescription call{c10d::OpType::REDUCE, tensor.scalar_type(), bytesOf(tensor), opts.reduceOp.op_, root};
-  return submit(call, {tensor}, {tensor}, opts.timeout, [this, tensor, reduction, root](Comm& comm, DeviceCall* device) mutable {
+  return submit(call, {tensor}, {tensor}, opts, [this, tensor, reduction, root](Comm& comm, DeviceCall* device) mutable {
     // Only the root's tensor is an output; the others keep their values.
     at::Tensor buffer =
         comm.rank() == root ? contiguousBuffer(tensor) : tensor.clone(at::MemoryFormat::Contiguous);
@@ -148,7 +165,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupTorus::reduce_scatter(std::vector<at:
   const Algorithm algorithm = dispatch_.algorithmFor("reduce_scatter", inputBytes);
   const CallDescription call{c10d::OpType::REDUCE_SCATTER, output.scalar_type(), inputBytes, opts.reduceOp.op_, -1,
                              algorithm};
-  return submit(call, {output}, inputList, opts.timeout,
+  return submit(call, {output}, inputList, opts,
                 [this, output, inputList, reduction, algorithm](Comm& comm, DeviceCall* device) mutable {
                   std::vector<size_t> counts;
                   for (const auto& t : inputList) {
@@ -186,7 +203,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupTorus::reduce_scatter_tensor_coalesce
   }
   const CallDescription call{c10d::OpType::_REDUCE_SCATTER_BASE, inputs[0].scalar_type(), totalBytesOf(inputs),
                              opts.reduceOp.op_, -1, algorithms[0]};
-  return submit(call, outputs, inputs, opts.timeout,
+  return submit(call, outputs, inputs, opts,
                 [this, outputs, inputs, reductions, algorithms](Comm& comm, DeviceCall* device) mutable {
                   for (size_t j = 0; j < inputs.size(); ++j) {
                     at::Tensor buffer = inputs[j].reshape({-1}).clone(at::MemoryFormat::Contiguous);

@@ -54,7 +54,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupTorus::allreduceSparse(at::Tensor& te
                   "only, got ReduceOp.", reduceOpName(opts.reduceOp.op_));
   // The byte count differs by rank (each holds its own non-zeros): the call's messages carry 0.
   const CallDescription call{c10d::OpType::ALLREDUCE, tensor.scalar_type(), 0, opts.reduceOp.op_};
-  return submit(call, {tensor}, {tensor}, opts.timeout, [this, tensor](Comm& comm, DeviceCall*) mutable {
+  return submit(call, {tensor}, {tensor}, opts, [this, tensor](Comm& comm, DeviceCall*) mutable {
     // As gloo: below autograd, so that a tensor that requires grad takes its result in place.
     at::AutoDispatchBelowAutograd belowAutograd;
     const at::Tensor input = tensor.coalesce();

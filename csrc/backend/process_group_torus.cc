@@ -1,9 +1,11 @@
 #include "backend/process_group_torus.h"
 
+#include <algorithm>
 #include <numeric>
 
 #include "backend/log.h"
 #include "backend/tensor_checks.h"
+#include "backend/tensor_staging.h"
 #include "backend/transport_factory.h"
 
 namespace torus {
@@ -50,13 +52,15 @@ void ProcessGroupTorus::abort() {
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupTorus::submit(const CallDescription& call, std::vector<at::Tensor> outputs,
-                                                         std::vector<at::Tensor> inputs,
-                                                         std::chrono::milliseconds timeout,
+                                                         std::vector<at::Tensor> inputs, CallOptions options,
                                                          CollectiveExecutor::Body body) {
-  checkTimeout(timeout, collectiveName(call.type));
+  checkTimeout(options.timeout, collectiveName(call.type));
   std::shared_ptr<DeviceCall> device = devices_->begin(outputs, inputs, collectiveName(call.type));
+  const bool mayRunHere = !options.asyncOp &&
+                          std::max(totalBytesOf(outputs), totalBytesOf(inputs)) <= config_.inlineBytes;
   return executor_->enqueue(call, std::move(outputs), std::move(inputs),
-                            timeout == c10d::kUnsetTimeout ? timeout_.load() : timeout, std::move(body), std::move(device));
+                            options.timeout == c10d::kUnsetTimeout ? timeout_.load() : options.timeout,
+                            std::move(body), std::move(device), mayRunHere);
 }
 
 } // namespace torus

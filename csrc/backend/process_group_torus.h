@@ -61,6 +61,10 @@ class ProcessGroupTorus : public c10d::Backend {
                                            const c10d::BroadcastOptions& opts) override;
   c10::intrusive_ptr<c10d::Work> allreduce(std::vector<at::Tensor>& tensors,
                                            const c10d::AllreduceOptions& opts) override;
+  // torch.ops.torus.all_reduce_ (registered for dense CPU tensors): all_reduce in place, on the calling thread
+  // with no Work when none of the group's collectives is queued or running (else queued behind
+  // them and waited for); raises the collective's error.
+  void allreduceHere(at::Tensor& tensor, const c10d::ReduceOp& op);
   c10::intrusive_ptr<c10d::Work> allreduce_sparse(std::vector<at::Tensor>& tensors,
                                                   const c10d::AllreduceOptions& opts) override;
   c10::intrusive_ptr<c10d::Work> allreduce_coalesced(std::vector<at::Tensor>& tensors,
@@ -112,9 +116,17 @@ class ProcessGroupTorus : public c10d::Backend {
   void abort() override;
 
  private:
-  // Checks the per-call timeout and queues the call on the executor.
+  // What submit takes from any collective's options.
+  struct CallOptions {
+    template <typename Options>
+    CallOptions(const Options& opts) : timeout(opts.timeout), asyncOp(opts.asyncOp) {}
+    std::chrono::milliseconds timeout;
+    bool asyncOp; // false: the caller waits for the work at once (dist.*(async_op=False))
+  };
+  // Checks the per-call timeout and hands the call to the executor: to run on this thread when
+  // the caller waits for it and it is at most TORUS_INLINE_BYTES, else queued.
   c10::intrusive_ptr<c10d::Work> submit(const CallDescription& call, std::vector<at::Tensor> outputs,
-                                        std::vector<at::Tensor> inputs, std::chrono::milliseconds timeout,
+                                        std::vector<at::Tensor> inputs, CallOptions options,
                                         CollectiveExecutor::Body body);
   // Allgather of byte blocks: every rank contributes `mine` (the same length on every rank);
   // returns world-size blocks back to back.
@@ -122,6 +134,9 @@ class ProcessGroupTorus : public c10d::Backend {
   // Allgather of uneven blocks: rank q contributes counts[q] elements (`mine`, contiguous, on this
   // rank); returns every rank's block back to back in rank order, as one 1-D tensor of mine's dtype.
   at::Tensor allgatherBlocks(Comm& comm, const at::Tensor& mine, const std::vector<size_t>& counts);
+  // The description and the job of a dense all_reduce of `tensor` in place (checked already).
+  std::pair<CallDescription, CollectiveExecutor::Body> denseAllreduce(const at::Tensor& tensor,
+                                                                      const c10d::ReduceOp& op);
   // all_reduce (SUM) of a sparse COO tensor, in place; `tensor` is sparse.
   c10::intrusive_ptr<c10d::Work> allreduceSparse(at::Tensor& tensor, const c10d::AllreduceOptions& opts);
   // Reduce-scatters `buffer` (prepared by `reduction`) in `blocks` and finishes this rank's

@@ -20,6 +20,10 @@ struct AlgorithmRule {
   std::string algorithm;
 };
 
+// The largest collective (bytes of its tensors) that runs on the calling thread when the caller
+// waits for it at once and nothing is queued (TORUS_INLINE_BYTES).
+inline constexpr uint64_t kDefaultInlineBytes = uint64_t{1} << 20;
+
 struct TorusConfig {
   // "tcp", "shm" when every rank of the group shares this host's memory, or "shm+tcp".
   std::string transport = "tcp";
@@ -28,6 +32,7 @@ struct TorusConfig {
   // The message layer's flow control (MessageOptions).
   uint64_t eagerBytes = MessageOptions().eagerBytes;
   uint64_t eagerWindowBytes = MessageOptions().eagerWindowBytes;
+  uint64_t inlineBytes = kDefaultInlineBytes;
   // Per collective ("allreduce", "allgather", "reduce_scatter", "broadcast"), rules that cover
   // every size: the user's TORUS_<COLLECTIVE> rules with the gaps filled by the automatic choice.
   // A collective without rules uses its first algorithm in the catalog.

@@ -9,7 +9,9 @@ namespace torus {
 namespace {
 
 c10::intrusive_ptr<c10::ivalue::Future> makeTensorListFuture(std::vector<c10::Device> devices = {}) {
-  return c10::make_intrusive<c10::ivalue::Future>(c10::ListType::create(c10::TensorType::get()), std::move(devices));
+  // One type for every future: creating it is an allocation per call.
+  static const c10::TypePtr tensorList = c10::ListType::create(c10::TensorType::get());
+  return c10::make_intrusive<c10::ivalue::Future>(tensorList, std::move(devices));
 }
 
 } // namespace
@@ -43,12 +45,18 @@ void GroupFailure::record(const std::string& what) {
   std::lock_guard<std::mutex> lock(mutex_);
   if (what_.empty()) {
     what_ = what;
+    failed_.store(true, std::memory_order_release);
   }
 }
 
 std::string GroupFailure::get() const {
   std::lock_guard<std::mutex> lock(mutex_);
   return what_;
+}
+
+std::string GroupLabel::context(const char* title, uint64_t seq) const {
+  return std::string(title) + " #" + std::to_string(seq) + " (rank " + std::to_string(rank) + " of " +
+         std::to_string(size) + ", group '" + name + "')";
 }
 
 void GroupFailure::throwIfFailed(const std::string& context) const {
@@ -59,13 +67,15 @@ void GroupFailure::throwIfFailed(const std::string& context) const {
 }
 
 TorusWork::TorusWork(int rank, c10d::OpType opType, const char* profilingTitle, std::vector<at::Tensor> outputs,
-                     uint64_t seq, const std::optional<std::vector<at::Tensor>>& inputs, std::string context,
-                     std::shared_ptr<const ArrivalBoard> arrivals, std::shared_ptr<DeviceCall> device)
+                     uint64_t seq, const std::optional<std::vector<at::Tensor>>& inputs,
+                     std::shared_ptr<const GroupLabel> label, std::shared_ptr<const ArrivalBoard> arrivals,
+                     std::shared_ptr<DeviceCall> device)
     : c10d::Work(rank, opType, profilingTitle, inputs),
       outputs_(std::move(outputs)),
       future_(device ? makeTensorListFuture({device->device()}) : makeTensorListFuture()),
       seq_(seq),
-      context_(std::move(context)),
+      title_(profilingTitle),
+      label_(std::move(label)),
       arrivals_(std::move(arrivals)),
       device_(std::move(device)) {}
 
@@ -78,7 +88,7 @@ bool TorusWork::wait(std::chrono::milliseconds timeout) {
     std::unique_lock<std::mutex> lock(mutex_);
     if (!cv_.wait_for(lock, timeout, [&] { return completed_; })) {
       lock.unlock();
-      std::string what = context_ + ": Work.wait timed out" + timeoutExpired(timeout);
+      std::string what = label_->context(title_, seq_) + ": Work.wait timed out" + timeoutExpired(timeout);
       if (auto missing = arrivals_->describeMissing(seq_); !missing.empty()) {
         what += "; " + missing;
       }

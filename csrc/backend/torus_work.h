@@ -37,12 +37,28 @@ class GroupFailure {
   void record(const std::string& what);
   // The recorded failure; empty while there is none.
   std::string get() const;
+  // Whether one is recorded: a check without a lock, for every call's fast path.
+  bool failed() const {
+    return failed_.load(std::memory_order_acquire);
+  }
   // Raises DistBackendError naming `context` and the recorded failure, if there is one.
   void throwIfFailed(const std::string& context) const;
 
  private:
   mutable std::mutex mutex_;
   std::string what_;
+  std::atomic<bool> failed_{false};
+};
+
+// Whose a collective is, for the texts of its errors and logs: built once per group, so that a
+// call formats nothing unless it fails or logs.
+struct GroupLabel {
+  int rank;
+  int size;
+  std::string name;
+
+  // "torus:all_reduce:ring #7 (rank 0 of 4, group '0')"
+  std::string context(const char* title, uint64_t seq) const;
 };
 
 class TorusWork : public c10d::Work {
@@ -50,8 +66,9 @@ class TorusWork : public c10d::Work {
   // `device`: the call's device side, or null for CPU tensors; with one, the future is CUDA-aware
   // and wait() orders the caller's current stream after the job.
   TorusWork(int rank, c10d::OpType opType, const char* profilingTitle, std::vector<at::Tensor> outputs,
-            uint64_t seq, const std::optional<std::vector<at::Tensor>>& inputs, std::string context,
-            std::shared_ptr<const ArrivalBoard> arrivals, std::shared_ptr<DeviceCall> device);
+            uint64_t seq, const std::optional<std::vector<at::Tensor>>& inputs,
+            std::shared_ptr<const GroupLabel> label, std::shared_ptr<const ArrivalBoard> arrivals,
+            std::shared_ptr<DeviceCall> device);
 
   std::vector<at::Tensor> result() override {
     return outputs_;
@@ -80,7 +97,8 @@ class TorusWork : public c10d::Work {
   std::vector<at::Tensor> outputs_;
   c10::intrusive_ptr<c10::ivalue::Future> future_;
   const uint64_t seq_;
-  const std::string context_;
+  const char* const title_;
+  const std::shared_ptr<const GroupLabel> label_;
   const std::shared_ptr<const ArrivalBoard> arrivals_;
   const std::shared_ptr<DeviceCall> device_;
   std::atomic<bool> done_{false};
