@@ -14,7 +14,7 @@ price the layers:
                         Work and future, the executor; the algorithm returns at once)
   torus, one rank, async torus on a single-rank group with async_op=True and wait(): the call
                         queued to the group's worker thread and waited for (the hand-off)
-  torus                 dist.all_reduce on the whole group
+  torus, all ranks      dist.all_reduce on the whole group
   torus, async          async_op=True then wait(): always through the worker thread
   torus op              torch.ops.torus.all_reduce_: no ProcessGroup dispatch, no Work
   gloo                  gloo on the whole group, for reference
@@ -52,7 +52,7 @@ def rows(tensor: torch.Tensor, with_gloo: bool) -> dict:
         "fake": lambda: dist.all_reduce(tensor, group=fake),
         "torus, one rank": lambda: dist.all_reduce(tensor, group=solo),
         "torus, one rank, async": lambda: dist.all_reduce(tensor, group=solo, async_op=True).wait(),
-        "torus": lambda: dist.all_reduce(tensor),
+        "torus, all ranks": lambda: dist.all_reduce(tensor),
         "torus, async": lambda: dist.all_reduce(tensor, async_op=True).wait(),
     }
     op, name = torch.ops.torus.all_reduce_, dist.group.WORLD.group_name

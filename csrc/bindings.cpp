@@ -4,7 +4,6 @@
 #include <torch/python.h>
 
 #include "backend/algorithm_catalog.h"
-#include "backend/direct_ops.h"
 #include "backend/process_group_torus.h"
 #include "collectives/blocks.h"
 #include "device_collectives_on_host.h"
@@ -94,13 +93,8 @@ PYBIND11_MODULE(_C, module) {
 
   py::class_<torus::ProcessGroupTorus, c10d::Backend, c10::intrusive_ptr<torus::ProcessGroupTorus>>(
       module, "ProcessGroupTorus")
-      .def(py::init([](const c10::intrusive_ptr<c10d::Store>& store, int rank, int size,
-                       std::chrono::milliseconds timeout, torus::TorusConfig config, const std::string& groupName) {
-             auto group = c10::make_intrusive<torus::ProcessGroupTorus>(store, rank, size, timeout, std::move(config),
-                                                                        groupName);
-             torus::registerDirectGroup(groupName, group);
-             return group;
-           }),
+      .def(py::init<const c10::intrusive_ptr<c10d::Store>&, int, int, std::chrono::milliseconds, torus::TorusConfig,
+                    std::string>(),
            py::arg("store"), py::arg("rank"), py::arg("size"), py::arg("timeout"), py::arg("config"),
            py::arg("group_name"), py::call_guard<py::gil_scoped_release>())
       .def_property_readonly("config", &torus::ProcessGroupTorus::config)

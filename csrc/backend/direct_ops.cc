@@ -1,6 +1,7 @@
 #include "backend/direct_ops.h"
 
 #include <mutex>
+#include <shared_mutex>
 #include <unordered_map>
 
 #include <torch/library.h>
@@ -10,22 +11,35 @@
 
 namespace torus {
 
+// A registered group; `group` is null once it is destroyed. Op calls hold `mutex` shared while
+// they run on the group, its destruction holds it exclusively.
+struct DirectEntry {
+  std::shared_mutex mutex;
+  ProcessGroupTorus* group;
+};
+
 namespace {
 
 std::mutex registryMutex;
-std::unordered_map<std::string, c10::weak_intrusive_ptr<ProcessGroupTorus>>& registry() {
-  static std::unordered_map<std::string, c10::weak_intrusive_ptr<ProcessGroupTorus>> groups;
+// Weak: an entry goes with its group's registration.
+std::unordered_map<std::string, std::weak_ptr<DirectEntry>>& registry() {
+  static std::unordered_map<std::string, std::weak_ptr<DirectEntry>> groups;
   return groups;
 }
 
-c10::intrusive_ptr<ProcessGroupTorus> groupNamed(const std::string& name) {
-  std::lock_guard<std::mutex> lock(registryMutex);
-  auto found = registry().find(name);
-  c10::intrusive_ptr<ProcessGroupTorus> group = found == registry().end() ? nullptr : found->second.lock();
-  TORUS_CHECK_ARG(group, "torch.ops.torus: group_name '", name,
+std::shared_ptr<DirectEntry> entryNamed(const std::string& name) {
+  std::shared_ptr<DirectEntry> entry;
+  {
+    std::lock_guard<std::mutex> lock(registryMutex);
+    auto found = registry().find(name);
+    if (found != registry().end()) {
+      entry = found->second.lock();
+    }
+  }
+  TORUS_CHECK_ARG(entry, "torch.ops.torus: group_name '", name,
                   "' names no live torus process group (pass group.group_name of a group created with "
                   "backend=\"torus\")");
-  return group;
+  return entry;
 }
 
 c10d::ReduceOp reduceOpNamed(c10::string_view name) {
@@ -45,7 +59,12 @@ c10d::ReduceOp reduceOpNamed(c10::string_view name) {
 
 void allReduceInPlace(at::Tensor tensor, c10::string_view groupName, c10::string_view reduceOp) {
   const c10d::ReduceOp op = reduceOpNamed(reduceOp);
-  groupNamed(std::string(groupName))->allreduceHere(tensor, op);
+  const std::string name(groupName);
+  std::shared_ptr<DirectEntry> entry = entryNamed(name);
+  std::shared_lock<std::shared_mutex> alive(entry->mutex);
+  TORUS_CHECK_ARG(entry->group != nullptr, "torch.ops.torus: the torus process group '", name,
+                  "' has been destroyed");
+  entry->group->allreduceHere(tensor, op);
 }
 
 // Under torch.compile's fake tensors: nothing to compute, the tensor keeps its shape.
@@ -53,13 +72,20 @@ void allReduceInPlaceMeta(at::Tensor, c10::string_view, c10::string_view) {}
 
 } // namespace
 
-void registerDirectGroup(const std::string& name, const c10::intrusive_ptr<ProcessGroupTorus>& group) {
+DirectRegistration::DirectRegistration(const std::string& name, ProcessGroupTorus* group)
+    : entry_(std::make_shared<DirectEntry>()) {
+  entry_->group = group;
   std::lock_guard<std::mutex> lock(registryMutex);
   auto& groups = registry();
   for (auto it = groups.begin(); it != groups.end();) {
     it = it->second.expired() ? groups.erase(it) : std::next(it);
   }
-  groups.insert_or_assign(name, c10::weak_intrusive_ptr<ProcessGroupTorus>(group));
+  groups.insert_or_assign(name, entry_);
+}
+
+DirectRegistration::~DirectRegistration() {
+  std::unique_lock<std::shared_mutex> lock(entry_->mutex);
+  entry_->group = nullptr;
 }
 
 } // namespace torus

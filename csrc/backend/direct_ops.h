@@ -5,16 +5,27 @@
 //   torch.ops.torus.all_reduce_(tensor, group.group_name, "sum")   # in place, returns nothing
 #pragma once
 
+#include <memory>
 #include <string>
-
-#include <c10/util/intrusive_ptr.h>
 
 namespace torus {
 
 class ProcessGroupTorus;
+struct DirectEntry;
 
-// Makes `group` reachable by torch.ops.torus under `name` (torch's group name) for as long as it
-// lives; a later group of the same name replaces it.
-void registerDirectGroup(const std::string& name, const c10::intrusive_ptr<ProcessGroupTorus>& group);
+// A group's place among the groups torch.ops.torus reaches by name, for as long as it lives;
+// its destruction waits for the op calls on the group in progress, and later calls name the
+// group as gone.
+class DirectRegistration {
+ public:
+  // Registers `group` under `name` (torch's group name); a later group of the name replaces it.
+  DirectRegistration(const std::string& name, ProcessGroupTorus* group);
+  ~DirectRegistration();
+  DirectRegistration(const DirectRegistration&) = delete;
+  DirectRegistration& operator=(const DirectRegistration&) = delete;
+
+ private:
+  std::shared_ptr<DirectEntry> entry_;
+};
 
 } // namespace torus

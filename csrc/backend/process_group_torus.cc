@@ -28,6 +28,7 @@ ProcessGroupTorus::ProcessGroupTorus(const c10::intrusive_ptr<c10d::Store>& stor
   devices_ = DeviceSupport::create();
   executor_ = std::make_unique<CollectiveExecutor>(rank, size, groupName_, config_.logLevel, transport_, *comm_,
                                                    std::make_shared<ArrivalBoard>(store, rank, size), failure_);
+  direct_ = std::make_unique<DirectRegistration>(groupName_, this);
   if (config_.logLevel >= 1 && rank == 0) {
     logLine(rank, "group '" + groupName_ + "' ready: " + std::to_string(size) + " ranks over " + group.description +
                       ", chunk " + std::to_string(config_.chunkBytes) + " bytes");
@@ -35,6 +36,7 @@ ProcessGroupTorus::ProcessGroupTorus(const c10::intrusive_ptr<c10d::Store>& stor
 }
 
 ProcessGroupTorus::~ProcessGroupTorus() {
+  direct_.reset();
   executor_->stop(false);
 }
 

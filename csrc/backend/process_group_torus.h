@@ -22,6 +22,7 @@
 #include "backend/arrival_board.h"
 #include "backend/collective_executor.h"
 #include "backend/device_support.h"
+#include "backend/direct_ops.h"
 #include "backend/reduction.h"
 #include "backend/torus_config.h"
 #include "backend/torus_work.h"
@@ -172,6 +173,8 @@ class ProcessGroupTorus : public c10d::Backend {
   std::unique_ptr<CollectiveExecutor> executor_;
   std::atomic<uint64_t> p2pIssued_{0}; // sends and receives issued, to number them in errors
   std::atomic<uint64_t> monitoredBarriers_{0}; // monitored barriers called, each with tags of its own
+  // torch.ops.torus's way to this group; released first when the group goes.
+  std::unique_ptr<DirectRegistration> direct_;
 };
 
 } // namespace torus
