@@ -40,8 +40,7 @@ c10::intrusive_ptr<c10d::Work> CollectiveExecutor::enqueue(const CallDescription
   auto work = c10::make_intrusive<TorusWork>(rank_, call.type, title, std::move(outputs), seq, std::move(inputs),
                                             label_, arrivals_, device);
   Job job{work, seq, title, timeout, call.signature(), std::move(body), std::move(device)};
-  if (mayRunHere && !job.device && !busy_ && queue_.empty()) {
-    busy_ = true;
+  if (mayRunHere && !job.device && claimIfIdle()) {
     lock.unlock();
     execute(job);
     releaseCallingThread();
@@ -53,14 +52,13 @@ c10::intrusive_ptr<c10d::Work> CollectiveExecutor::enqueue(const CallDescription
   return work;
 }
 
-bool CollectiveExecutor::runHereIfIdle(const CallDescription& call, std::chrono::milliseconds timeout, Body body) {
+bool CollectiveExecutor::runHereIfIdle(const CallDescription& call, std::chrono::milliseconds timeout, Body& body) {
   const char* title = call.title();
   std::unique_lock<std::mutex> lock(mutex_);
   TORUS_CHECK(!stopping_, title, " called on a process group that has been shut down or aborted");
-  if (busy_ || !queue_.empty()) {
+  if (!claimIfIdle()) {
     return false;
   }
-  busy_ = true;
   Job job{nullptr, ++issued_, title, timeout, call.signature(), std::move(body), nullptr};
   lock.unlock();
   std::exception_ptr error = attempt(job);
@@ -68,6 +66,14 @@ bool CollectiveExecutor::runHereIfIdle(const CallDescription& call, std::chrono:
   if (error) {
     std::rethrow_exception(error);
   }
+  return true;
+}
+
+bool CollectiveExecutor::claimIfIdle() {
+  if (busy_ || !queue_.empty()) {
+    return false;
+  }
+  busy_ = true;
   return true;
 }
 

@@ -2,10 +2,11 @@
 // queued as jobs and run in issue order, which is the same on every rank; each returns a
 // TorusWork at once. A call its caller waits for at once (async_op=False) that finds the queue
 // empty and the worker idle runs on the calling thread instead, and returns completed: no
-// hand-off to the worker and no wake-up, the same order. A job's failure is recorded for the group (later calls fail fast naming
-// it), turned into the error torch users catch (DistBackendError for a peer's death, a timeout,
-// a mismatch or an abort — naming the ranks that never came, or both sides of a mismatch), and
-// aborts the transport before the job's buffers are freed.
+// hand-off to the worker and no wake-up, the same order. A job's failure is recorded for the
+// group (later calls fail fast naming it), turned into the error torch users catch
+// (DistBackendError for a peer's death, a timeout, a mismatch or an abort — naming the ranks that
+// never came, or both sides of a mismatch), and aborts the transport before the job's buffers are
+// freed.
 #pragma once
 
 #include <array>
@@ -46,8 +47,9 @@ class CollectiveExecutor {
                                          std::vector<at::Tensor> inputs, std::chrono::milliseconds timeout, Body body,
                                          std::shared_ptr<DeviceCall> device, bool mayRunHere);
   // Runs `body` on this thread as the group's next collective, with no Work, when nothing is
-  // queued or running, and raises its error; false, with nothing run, otherwise.
-  bool runHereIfIdle(const CallDescription& call, std::chrono::milliseconds timeout, Body body);
+  // queued or running, and raises its error; false otherwise, with nothing run and `body` left
+  // to the caller (to queue it instead).
+  bool runHereIfIdle(const CallDescription& call, std::chrono::milliseconds timeout, Body& body);
   // The sequence number of the last collective issued.
   uint64_t issued();
   // Ends the worker once the queue is empty; with abortPending, fails queued jobs first.
@@ -74,6 +76,8 @@ class CollectiveExecutor {
   void execute(Job& job);
   // Runs one job; the error its caller gets, or null.
   std::exception_ptr attempt(Job& job);
+  // With mutex_ held: makes the calling thread the runner when nothing is queued or running.
+  bool claimIfIdle();
   // After a job ran on a calling thread: the worker takes calls queued meanwhile.
   void releaseCallingThread();
   // Runs one job; the error for its work, or null when it succeeded.

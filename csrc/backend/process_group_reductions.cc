@@ -54,12 +54,10 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupTorus::allreduce(std::vector<at::Tens
 void ProcessGroupTorus::allreduceHere(at::Tensor& tensor, const c10d::ReduceOp& op) {
   checkOutput(tensor, "all_reduce_ tensor");
   auto [call, body] = denseAllreduce(tensor, op);
-  if (!executor_->runHereIfIdle(call, timeout_.load(), std::move(body))) {
+  if (!executor_->runHereIfIdle(call, timeout_.load(), body)) {
     c10d::AllreduceOptions opts;
-    opts.reduceOp = op;
     opts.asyncOp = false;
-    std::vector<at::Tensor> tensors{tensor};
-    allreduce(tensors, opts)->wait();
+    submit(call, {tensor}, {tensor}, opts, std::move(body))->wait();
   }
 }
 

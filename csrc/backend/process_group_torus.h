@@ -62,9 +62,9 @@ class ProcessGroupTorus : public c10d::Backend {
                                            const c10d::BroadcastOptions& opts) override;
   c10::intrusive_ptr<c10d::Work> allreduce(std::vector<at::Tensor>& tensors,
                                            const c10d::AllreduceOptions& opts) override;
-  // torch.ops.torus.all_reduce_ (registered for dense CPU tensors): all_reduce in place, on the calling thread
-  // with no Work when none of the group's collectives is queued or running (else queued behind
-  // them and waited for); raises the collective's error.
+  // torch.ops.torus.all_reduce_ (registered for dense CPU tensors): all_reduce in place, on the
+  // calling thread with no Work when none of the group's collectives is queued or running (else
+  // queued behind them and waited for); raises the collective's error.
   void allreduceHere(at::Tensor& tensor, const c10d::ReduceOp& op);
   c10::intrusive_ptr<c10d::Work> allreduce_sparse(std::vector<at::Tensor>& tensors,
                                                   const c10d::AllreduceOptions& opts) override;
