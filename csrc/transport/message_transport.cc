@@ -1,5 +1,7 @@
 #include "transport/message_transport.h"
 
+#include <thread>
+
 #include <algorithm>
 #include <cerrno>
 #include <cstring>
@@ -21,6 +23,10 @@ size_t payloadBytes(const WireHeader& header) {
       return 0;
   }
 }
+
+// How long a peer that vanished without a word waits for another peer's reason (peerVanished):
+// enough for a peer on a busy host to read a fault frame, give up and say so.
+constexpr auto kReasonGrace = std::chrono::milliseconds(200);
 
 std::string rankName(int rank) {
   return "rank " + std::to_string(rank);
@@ -54,11 +60,16 @@ struct MessageTransport::Peer {
   // The peer itself failed (it died, its stream broke, it gave up) or left: nothing more can be
   // told to it. Other peers of a failed group are failed but can still hear why.
   bool broke = false;
-  // A frame to the peer was cut off partly written: its stream can carry nothing more.
+  // A frame to the peer was cut off partly written: the layer sends nothing more on its stream.
   bool cut = false;
+  // The unwritten rest of the frame that was cut off, while the peer can still hear: written
+  // out first, a peer told why the group failed reads a whole frame before the reason.
+  std::string rest;
 
   // Sending: frames go out in order; the head may be partly written.
   std::deque<Frame> sends;
+  // A write to the peer failed: nothing more is written while what it sent is read.
+  bool writeFailed = false;
   size_t headSent = 0;
   uint64_t nextSequence = 0;
   // Ready-to-send sends, until the answer (clear-to-send or done) comes, by sequence.
@@ -334,7 +345,7 @@ void MessageTransport::queue(Peer& peer, Frame frame) {
 bool MessageTransport::trySend(Peer& peer) {
   bool completed = false;
   bool wrote = false;
-  while (peer.link && !peer.sends.empty() && peer.failure.empty()) {
+  while (peer.link && !peer.sends.empty() && peer.failure.empty() && !peer.writeFailed) {
     Frame& frame = peer.sends.front();
     iovec parts[2];
     int count = 0;
@@ -351,7 +362,11 @@ bool MessageTransport::trySend(Peer& peer) {
     try {
       took = peer.link->write(parts, count);
     } catch (const CommError& e) {
-      failPeer(peer.rank, e.what());
+      // The peer's last words (a fault or goodbye frame) may wait unread, and they say better
+      // why its stream broke; failPeer does nothing once they have failed the peer.
+      peer.writeFailed = true;
+      tryRecv(peer);
+      peerVanished(peer.rank, e.what());
       return true;
     }
     if (took == 0) {
@@ -399,7 +414,7 @@ bool MessageTransport::tryRecv(Peer& peer) {
     try {
       got = peer.link->read(dst, want);
     } catch (const CommError& e) {
-      failPeer(peer.rank, e.what());
+      peerVanished(peer.rank, e.what());
       return true;
     }
     if (got < 0) {
@@ -559,8 +574,8 @@ void MessageTransport::peerClosed(Peer& peer) {
   } else if (peer.left) {
     peerLeft(peer.rank, rankName(peer.rank) + " left the group (destroyed its process group)");
   } else {
-    failPeer(peer.rank, rankName(peer.rank) +
-                            " closed its connection (the process exited, was killed or aborted its group)");
+    peerVanished(peer.rank, rankName(peer.rank) +
+                                " closed its connection (the process exited, was killed or aborted its group)");
   }
 }
 
@@ -570,7 +585,12 @@ void MessageTransport::failPending(Peer& peer, CommError::Kind kind, const std::
       frame.op->fail(kind, why);
     }
   }
-  peer.cut = peer.cut || peer.headSent != 0;
+  if (peer.headSent != 0) {
+    peer.cut = true;
+    if (!peer.broke) {
+      peer.rest = restOfFrame(peer.rank);
+    }
+  }
   peer.sends.clear();
   peer.headSent = 0;
   failAwaiting(peer.awaitingAnswer, kind, why);
@@ -581,6 +601,34 @@ void MessageTransport::failPending(Peer& peer, CommError::Kind kind, const std::
     peer.target.reset();
     peer.discard = true;
   }
+}
+
+void MessageTransport::peerVanished(int rank, const std::string& why) {
+  Peer& gone = *peers_[rank];
+  if (!gone.failure.empty()) {
+    return;
+  }
+  if (!awaitingReason_) {
+    awaitingReason_ = true;
+    gone.broke = true;
+    const Deadline until = Clock::now() + kReasonGrace;
+    while (failure_.empty() && abortReason_.empty() && Clock::now() < until) {
+      bool listening = false;
+      for (size_t i = 0; i < used_.size(); ++i) {
+        Peer& other = *used_[i];
+        if (&other != &gone && other.link && other.failure.empty()) {
+          listening = true;
+          tryRecv(other);
+        }
+      }
+      if (!listening || !failure_.empty()) {
+        break;
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    }
+    awaitingReason_ = false;
+  }
+  failPeer(rank, why);
 }
 
 void MessageTransport::failPeer(int rank, const std::string& why) {
@@ -624,6 +672,24 @@ bool MessageTransport::wantsToWrite(int peer) const {
 
 bool MessageTransport::betweenFrames(int peer) const {
   return peers_[peer]->headSent == 0 && !peers_[peer]->cut;
+}
+
+std::string MessageTransport::restOfFrame(int rank) const {
+  const Peer& peer = *peers_[rank];
+  if (peer.headSent == 0) {
+    return peer.rest;
+  }
+  const Frame& frame = peer.sends.front();
+  std::string rest;
+  rest.reserve(sizeof(WireHeader) + frame.payloadBytes - peer.headSent);
+  if (peer.headSent < sizeof(WireHeader)) {
+    rest.append(reinterpret_cast<const char*>(&frame.header) + peer.headSent, sizeof(WireHeader) - peer.headSent);
+    rest.append(frame.payload, frame.payloadBytes);
+  } else {
+    const size_t offset = peer.headSent - sizeof(WireHeader);
+    rest.append(frame.payload + offset, frame.payloadBytes - offset);
+  }
+  return rest;
 }
 
 bool MessageTransport::canTell(int peer) const {

@@ -126,6 +126,10 @@ class MessageTransport : public PolledTransport {
   bool wantsToWrite(int peer) const;
   // No frame to `peer` is partly written: a transport's own frame may go between.
   bool betweenFrames(int peer) const;
+  // A copy of the unwritten rest of the frame partly written to `peer` (also of one whose send
+  // failed with the group): what must go out before the stream can carry a transport's own frame.
+  // Empty between frames.
+  std::string restOfFrame(int peer) const;
   // Why `peer` failed; empty while it has not.
   const std::string& peerFailure(int peer) const;
   // `peer` may still hear from this rank: it did not fail or leave itself (it may have failed
@@ -133,6 +137,11 @@ class MessageTransport : public PolledTransport {
   bool canTell(int peer) const;
   // `peer` died or broke the group: every request of every peer fails naming it.
   void failPeer(int peer, const std::string& why);
+  // `peer`'s stream ended, broke or could not be made, without a word of why. A rank that gives
+  // up tells every peer it can why, so another peer may be telling this rank the cause while
+  // this is only a consequence: for at most kReasonGrace the other peers are read for a reason,
+  // which then fails the group in its place; then failPeer.
+  void peerVanished(int peer, const std::string& why);
   // `peer` left (destroyed its group): its requests fail, the others live on.
   void peerLeft(int peer, const std::string& why);
   // Fails posted receives of `tag` whose call disagrees with `call`, which `sender` runs there;
@@ -191,6 +200,7 @@ class MessageTransport : public PolledTransport {
   std::map<uint64_t, std::deque<std::shared_ptr<Op>>> anyPeerReceives_;
   std::string abortReason_;
   std::string failure_; // the first failPeer's reason
+  bool awaitingReason_ = false; // in peerVanished's grace
 };
 
 } // namespace torus

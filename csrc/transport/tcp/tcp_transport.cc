@@ -7,7 +7,9 @@
 #include <netinet/tcp.h>
 #include <poll.h>
 #include <pthread.h>
+#include <linux/sockios.h>
 #include <sys/eventfd.h>
+#include <sys/ioctl.h>
 #include <sys/socket.h>
 #include <sys/uio.h>
 #include <unistd.h>
@@ -36,6 +38,19 @@ constexpr auto kRetryAfterRefusal = std::chrono::milliseconds(200);
 // Looking up an address not yet published, and connecting again after a network error, back off
 // from 1 ms to this.
 constexpr auto kMaxBackoff = std::chrono::milliseconds(100);
+// How long destroying a transport waits for its last words (a fault or goodbye frame) to reach
+// the peers: closing a socket with unread bytes resets the connection, and a reset drops what
+// the kernel has not delivered yet.
+constexpr auto kFarewellLinger = std::chrono::seconds(1);
+
+// A fault frame saying `why`.
+std::string faultFrame(const std::string& why) {
+  const std::string text = why.substr(0, kFaultTextBytes);
+  WireHeader header;
+  header.kind = kFaultFrame;
+  header.nbytes = text.size();
+  return std::string(reinterpret_cast<const char*>(&header), sizeof(header)) + text;
+}
 
 struct Hello {
   uint32_t magic;
@@ -206,6 +221,33 @@ struct TcpTransport::Pair : Link {
     }
     throw CommError(CommError::Kind::kPeer, systemError("connection to " + rankName(peer) + " failed", errno));
   }
+
+  // Writes what the socket takes of `farewell` now; the rest waits for pushFarewell().
+  void sayFarewell(std::string bytes) {
+    farewell = std::move(bytes);
+    saidFarewell = true;
+    pushFarewell();
+  }
+
+  // True once all of `farewell` is out (or the connection broke, so none of it can go).
+  bool pushFarewell() {
+    while (!farewell.empty()) {
+      ssize_t sent = ::send(fd, farewell.data(), farewell.size(), MSG_NOSIGNAL | MSG_DONTWAIT);
+      if (sent > 0) {
+        farewell.erase(0, static_cast<size_t>(sent));
+      } else if (sent < 0 && (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR)) {
+        return false;
+      } else {
+        farewell.clear();
+      }
+    }
+    return true;
+  }
+
+  // The last words to the peer: what was left of a frame cut off by an abort, then the fault
+  // frame, or a goodbye frame.
+  std::string farewell;
+  bool saidFarewell = false;
 };
 
 TcpTransport::TcpTransport(int rank, int size, std::shared_ptr<Rendezvous> rendezvous, const TcpOptions& options)
@@ -247,11 +289,16 @@ TcpTransport::~TcpTransport() {
   WireHeader goodbye;
   goodbye.kind = kGoodbyeFrame;
   for (Pair* pair : linked_) {
-    // Best effort, only between whole frames: a connection mid-frame (or full) just closes.
+    // Only between whole frames: a connection mid-frame just closes.
     if (peerFailure(pair->peer).empty() && betweenFrames(pair->peer)) {
-      ssize_t ignored = ::send(pair->fd, &goodbye, sizeof(goodbye), MSG_NOSIGNAL | MSG_DONTWAIT);
-      (void)ignored;
+      pair->sayFarewell(std::string(reinterpret_cast<const char*>(&goodbye), sizeof(goodbye)));
     }
+  }
+  if (!groupFailure().empty()) {
+    answerWaiting(groupFailure()); // closing the listening socket would reset them unanswered
+  }
+  deliverFarewells();
+  for (Pair* pair : linked_) {
     closeSocket(pair->fd);
   }
   for (auto& [peer, dial] : dials_) {
@@ -260,8 +307,42 @@ TcpTransport::~TcpTransport() {
   for (auto& incoming : incoming_) {
     closeSocket(incoming.fd);
   }
+  for (int fd : halfMade_) {
+    closeSocket(fd);
+  }
   closeSocket(listenFd_);
   ::close(wakeFd_);
+}
+
+void TcpTransport::deliverFarewells() {
+  const Deadline until = Clock::now() + kFarewellLinger;
+  std::vector<pollfd> unwritten;
+  while (true) {
+    unwritten.clear();
+    bool undelivered = false;
+    // Written, not yet acknowledged by the peer's kernel.
+    auto queued = [](int fd) {
+      int bytes = 0;
+      return ::ioctl(fd, SIOCOUTQ, &bytes) == 0 && bytes > 0;
+    };
+    for (Pair* pair : linked_) {
+      if (!pair->saidFarewell) {
+        continue;
+      }
+      if (!pair->pushFarewell()) {
+        unwritten.push_back({pair->fd, POLLOUT, 0});
+      } else {
+        undelivered |= queued(pair->fd);
+      }
+    }
+    for (int fd : halfMade_) {
+      undelivered |= queued(fd);
+    }
+    if ((unwritten.empty() && !undelivered) || Clock::now() >= until) {
+      return;
+    }
+    ::poll(unwritten.data(), unwritten.size(), 1);
+  }
 }
 
 void TcpTransport::closeSocket(int fd) {
@@ -309,6 +390,11 @@ void TcpTransport::wantLink(int peer) {
 bool TcpTransport::hasOwnWork() const {
   if (!dials_.empty() || !incoming_.empty()) {
     return true;
+  }
+  for (const Pair* pair : linked_) {
+    if (!pair->farewell.empty()) {
+      return true;
+    }
   }
   // A peer waiting in the listen queue for this rank to answer its Hello.
   pollfd pfd{listenFd_, POLLIN, 0};
@@ -371,6 +457,15 @@ void TcpTransport::acceptWaiting() {
     incoming.deadline = Clock::now() + timeout_;
     incoming_.push_back(incoming);
   }
+}
+
+void TcpTransport::answerWaiting(const std::string& gaveUp) {
+  acceptWaiting();
+  for (auto& incoming : incoming_) {
+    sendVerdict(incoming.fd, kGaveUp, gaveUp);
+    halfMade_.push_back(incoming.fd);
+  }
+  incoming_.clear();
 }
 
 bool TcpTransport::answerHello(Incoming& incoming) {
@@ -471,8 +566,8 @@ bool TcpTransport::advanceDial(int peer, Dial& dial) {
     }
     if (error == ECONNREFUSED) {
       // Its address was published after it listened: nobody listens any more.
-      failPeer(peer, systemError(cannot + " at " + where, error) + " (" + rankName(peer) +
-                         " exited, was killed, or left the group: connection closed)");
+      peerVanished(peer, systemError(cannot + " at " + where, error) + " (" + rankName(peer) +
+                             " exited, was killed, or left the group: connection closed)");
       return false;
     }
     if (error != 0) {
@@ -489,7 +584,7 @@ bool TcpTransport::advanceDial(int peer, Dial& dial) {
     }
     Hello hello{kHelloMagic, rank(), size()};
     if (::send(dial.fd, &hello, sizeof(hello), MSG_NOSIGNAL | MSG_DONTWAIT) != sizeof(hello)) {
-      failPeer(peer, systemError(cannot + " at " + where + ": sending its hello", errno));
+      peerVanished(peer, systemError(cannot + " at " + where + ": sending its hello", errno));
       return false;
     }
     dial.step = Step::kAwaitVerdict;
@@ -511,9 +606,9 @@ bool TcpTransport::advanceDial(int peer, Dial& dial) {
       return false;
     }
     if (got <= 0) {
-      failPeer(peer, (got == 0 ? cannot + " at " + where + ": connection closed"
-                               : systemError(cannot + " at " + where, errno)) +
-                         " during the handshake (" + rankName(peer) + " exited, was killed, or left the group)");
+      peerVanished(peer, (got == 0 ? cannot + " at " + where + ": connection closed"
+                                   : systemError(cannot + " at " + where, errno)) +
+                             " during the handshake (" + rankName(peer) + " exited, was killed, or left the group)");
       return false;
     }
     dial.verdict.append(buffer, static_cast<size_t>(got));
@@ -549,29 +644,37 @@ void TcpTransport::link(int peer, int fd) {
   pairs_[peer]->fd = fd;
   linked_.push_back(pairs_[peer].get());
   attach(peer, pairs_[peer].get());
+  if (!abortReason().empty()) { // connected after announceAbort: told now
+    pairs_[peer]->sayFarewell(faultFrame(abortReason()));
+  }
 }
 
 void TcpTransport::announceAbort(const std::string& why) {
   // Peers that connect from now on are told why (groupFailure()), until the group is destroyed.
-  // A fault frame can only go between whole frames, and only if the socket takes all of it at
-  // once (the peer would misread anything less); otherwise the end of the stream tells the peer.
-  const std::string text = why.substr(0, kFaultTextBytes);
-  WireHeader header;
-  header.kind = kFaultFrame;
-  header.nbytes = text.size();
+  // A connected peer gets the rest of any frame cut off partly written, so that it reads the
+  // fault frame as one, then the reason; what the socket does not take now goes out when more
+  // progress is made or when the transport is destroyed (deliverFarewells).
   for (Pair* pair : linked_) {
-    if (!canTell(pair->peer)) {
-      continue;
-    }
-    iovec parts[2] = {{&header, sizeof(header)}, {const_cast<char*>(text.data()), text.size()}};
-    msghdr msg{};
-    msg.msg_iov = parts;
-    msg.msg_iovlen = 2;
-    if (!betweenFrames(pair->peer) ||
-        ::sendmsg(pair->fd, &msg, MSG_NOSIGNAL | MSG_DONTWAIT) != static_cast<ssize_t>(sizeof(header) + text.size())) {
-      ::shutdown(pair->fd, SHUT_WR);
+    if (canTell(pair->peer)) {
+      pair->sayFarewell(restOfFrame(pair->peer) + faultFrame(why));
     }
   }
+  // Connections half made are told too, then only wait to be closed. A dial that sent its Hello
+  // may already be a link on the peer's side (its verdict on the way), so a fault frame follows
+  // the Hello; an accepted socket gets the answer every later one will. Both fit in a new
+  // socket's buffer.
+  const std::string fault = faultFrame(why);
+  for (auto& [peer, dial] : dials_) {
+    if (dial.fd >= 0) {
+      if (dial.step == Dial::Step::kAwaitVerdict) {
+        ssize_t ignored = ::send(dial.fd, fault.data(), fault.size(), MSG_NOSIGNAL | MSG_DONTWAIT);
+        (void)ignored;
+      }
+      halfMade_.push_back(dial.fd);
+    }
+  }
+  dials_.clear();
+  answerWaiting(why);
 }
 
 void TcpTransport::wakeSleeper() {
@@ -608,6 +711,12 @@ bool TcpTransport::sleep(std::unique_lock<std::mutex>& lock, Deadline deadline) 
       polled.push_back(pair->peer);
     }
   }
+  const size_t pairFds = fds.size();
+  for (Pair* pair : linked_) {
+    if (!pair->pushFarewell()) {
+      fds.push_back({pair->fd, POLLOUT, 0});
+    }
+  }
   lock.unlock();
   int ready = ::poll(fds.data(), fds.size(), millisecondsUntil(wakeAt, kIdleCheckMs));
   lock.lock();
@@ -624,10 +733,13 @@ bool TcpTransport::sleep(std::unique_lock<std::mutex>& lock, Deadline deadline) 
     connecting |= fds[i].revents != 0;
   }
   bool moved = connecting && advanceConnections();
-  for (size_t i = connectionFds; i < fds.size(); ++i) {
+  for (size_t i = connectionFds; i < pairFds; ++i) {
     if (fds[i].revents) {
       moved |= tryPeer(polled[i - connectionFds]);
     }
+  }
+  for (Pair* pair : linked_) {
+    pair->pushFarewell();
   }
   return ready > 0 || moved;
 }

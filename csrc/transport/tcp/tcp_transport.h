@@ -85,10 +85,16 @@ class TcpTransport : public MessageTransport {
   bool advanceConnections();
   bool advanceDial(int peer, Dial& dial);
   void acceptWaiting();
+  // The group failed: accepts the connections waiting and answers every accepted one that it
+  // gave up, saying why (they join halfMade_).
+  void answerWaiting(const std::string& gaveUp);
   // A Hello arrived on an accepted socket: keeps it (true) or refuses it.
   bool answerHello(Incoming& incoming);
   void link(int peer, int fd);
   void closeSocket(int fd);
+  // Pushes out the pairs' farewells and waits until the peers' kernels have them, for at most
+  // kFarewellLinger.
+  void deliverFarewells();
 
   const std::chrono::milliseconds timeout_;
   // Set while peers' addresses are still to be looked up.
@@ -100,6 +106,8 @@ class TcpTransport : public MessageTransport {
   std::vector<Pair*> linked_; // the pairs connected, in the order they were
   std::unordered_map<int, Dial> dials_; // connections this rank is making, by peer
   std::vector<Incoming> incoming_; // accepted sockets whose Hello has not been answered
+  // Connections half made when the group aborted: told why, they wait to be closed.
+  std::vector<int> halfMade_;
 };
 
 } // namespace torus
