@@ -32,7 +32,8 @@ def run_torchrun(arguments: list[str]) -> str:
 def test_bench_rounds_time_every_contender_and_report_the_best(tmp_path):
     json_path = tmp_path / "bench.json"
     output = run_torchrun(["-m", "torch_torus.bench", "--backends",
-                           "torus:allreduce=ring;torus:allreduce=recursive_doubling;gloo", "-b", "1K", "-e", "16K",
+                           "torus:allreduce=ring;torus:allreduce=recursive_doubling;torus:api=op;gloo",
+                           "-b", "1K", "-e", "16K",
                            "-f", "4", "-n", "2", "-w", "1", "-R", "3", "--min-round-ms", "2", "--check",
                            "--json", str(json_path)])
     assert "3 rounds of every contender in turn, the best round counts; after the first round, as many calls " \
@@ -43,7 +44,20 @@ def test_bench_rounds_time_every_contender_and_report_the_best(tmp_path):
     assert document["rounds"] == 3 and document["min_round_ms"] == 2
     rows = document["rows"]
     assert sorted({row["size_bytes"] for row in rows}) == [1024, 4096, 16384]
-    assert len(rows) == 9 and all(row["wrong"] == 0 and row["time_us"] > 0 for row in rows), rows
+    assert len(rows) == 12 and all(row["wrong"] == 0 and row["time_us"] > 0 for row in rows), rows
+    assert sum(row["contender"] == "torus:api=op" for row in rows) == 3, rows
+
+
+@pytest.mark.parametrize("arguments, complaint", [
+    (["--backends", "torus:api=op", "-c", "broadcast"], "torch.ops.torus has all_reduce_ of CPU tensors only, not broadcast"),
+    (["--backends", "torus:api=ops"], "api='ops' is not one of dist, op"),
+])
+def test_bench_refuses_what_the_direct_op_cannot_do(arguments, complaint, capsys):
+    from torch_torus.bench.cli import parse_args
+
+    with pytest.raises(SystemExit):
+        parse_args(arguments)
+    assert complaint in capsys.readouterr().err
 
 
 def test_tune_writes_an_entry_for_the_job_and_prints_it(tmp_path):

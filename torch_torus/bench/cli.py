@@ -70,8 +70,9 @@ def build_parser() -> argparse.ArgumentParser:
              "'torus:allreduce=ring,chunk_bytes=1M' (keys are the TORUS_* variables in lower "
              "case without the prefix; a oneCCL-style rule such as "
              "'allreduce=recursive_doubling:0-8192;ring:8193-max' may be written whole; quote the "
-             "argument in a shell). 'mpi' is MPI's own collectives through mpi4py (under "
-             "mpiexec only). Default: 'torus,gloo'")
+             "argument in a shell); 'torus:api=op' calls torch.ops.torus.all_reduce_ instead of "
+             "torch.distributed (allreduce of CPU tensors). 'mpi' is MPI's own collectives through "
+             "mpi4py (under mpiexec only). Default: 'torus,gloo'")
     parser.add_argument("--import-module", action="append", default=[], metavar="MODULE",
                         help="import this module first, for backends it registers "
                              "(e.g. oneccl_bindings_for_pytorch for 'ccl'); repeatable")
@@ -105,6 +106,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         parser.error("--iters and --rounds must be at least 1, --warmup and --min-round-ms at least 0")
     if args.op == "avg" and not DTYPES[args.dtype].is_floating_point:
         parser.error("--op avg needs a floating --dtype")
+    for contender in args.contenders:
+        if contender.api == "op" and (args.collective != "allreduce" or args.device != "cpu"):
+            parser.error(f"--backends {contender.label}: torch.ops.torus has all_reduce_ of CPU "
+                         f"tensors only, not {args.collective} on {args.device}")
     if any(contender.backend == MPI_CONTENDER for contender in args.contenders):
         # MPI has no average; its buffers are numpy views, and numpy has no bfloat16; the MPIs
         # from PyPI are not CUDA-aware.

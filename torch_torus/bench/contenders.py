@@ -10,6 +10,7 @@ import re
 from collections import Counter
 from typing import Callable
 
+import torch
 import torch.distributed as dist
 
 from .collectives import REDUCE_OPS, Buffers, Collective
@@ -18,6 +19,12 @@ from .collectives import REDUCE_OPS, Buffers, Collective
 # it offers (MPI has no average).
 MPI_CONTENDER = "mpi"
 MPI_REDUCE_OPS = {"sum": "SUM", "prod": "PROD", "min": "MIN", "max": "MAX"}
+# A torus contender's option read by the bench, not the backend: how the call is made. "dist" is
+# torch.distributed; "op" is torch.ops.torus.all_reduce_ (no ProcessGroup dispatch, no Work;
+# all_reduce of CPU tensors only), under the reduce op names it takes.
+API_OPTION = "api"
+APIS = ("dist", "op")
+TORUS_OP_REDUCE_OPS = {"sum": "sum", "prod": "product", "min": "min", "max": "max", "avg": "avg"}
 
 
 @dataclasses.dataclass
@@ -35,6 +42,10 @@ class Contender:
     def bind(self, collective: Collective, buffers: Buffers, op: str) -> Callable[[], None]:
         """One call of `collective` on `buffers`, ready to repeat: through torch.distributed on
         the contender's group, or through mpi4py on numpy views of the same tensors."""
+        if self.api == "op":
+            tensor, group_name, reduce_op = buffers.output, self.group.group_name, TORUS_OP_REDUCE_OPS[op]
+            all_reduce_ = torch.ops.torus.all_reduce_
+            return lambda: all_reduce_(tensor, group_name, reduce_op)
         if self.comm is None:
             group, reduce_op = self.group, REDUCE_OPS[op]
             return lambda: collective.call(buffers, group, reduce_op)
@@ -48,6 +59,11 @@ class Contender:
         input = MPI.IN_PLACE if in_place else buffers.input.numpy()
         output = buffers.output.numpy()
         return lambda: collective.call_mpi(input, output, comm, mpi_op)
+
+    @property
+    def api(self) -> str:
+        """How calls are made: "dist" (torch.distributed) or "op" (torch.ops.torus)."""
+        return self.options.get(API_OPTION, "dist")
 
     @property
     def label(self) -> str:
@@ -73,7 +89,8 @@ class Contender:
 
         # Passed as written: torch_torus parses them as it parses the TORUS_* variables, and
         # its errors then quote what the user typed.
-        return torch_torus.Options(**self.options)
+        backend_options = {key: value for key, value in self.options.items() if key != API_OPTION}
+        return torch_torus.Options(**backend_options) if backend_options else None
 
 
 CONTENDER_START = re.compile(r"^(\w+)(?::(\w+=.*))?$")  # "gloo", "torus:allreduce=ring"
@@ -117,6 +134,9 @@ def parse_contenders(specs: list[str]) -> list[Contender]:
         if contender.options and contender.backend != "torus":
             raise ValueError(
                 f"options are understood for the torus backend only, not {contender.backend!r}")
+        if contender.api not in APIS:
+            raise ValueError(f"{contender.label}: {API_OPTION}={contender.api!r} is not one of "
+                             f"{', '.join(APIS)}")
     labels = Counter(contender.label for contender in contenders)
     repeated = [label for label, times in labels.items() if times > 1]
     if repeated:
