@@ -189,12 +189,17 @@ class HybridAverager:
             if self.delay == 0:
                 self._apply()
 
-    def drain(self) -> None:
-        """Apply the average in flight, then average once more, blocking: afterwards every rank
-        holds the same parameters and buffers (for evaluation or a checkpoint). Training may
-        go on after it; the schedule of averages is unchanged."""
+    def finish(self) -> None:
+        """Wait for the average in flight, if any, and apply it now rather than at its step;
+        every rank must call it at the same step."""
         if self._pending is not None:
             self._apply()
+
+    def drain(self) -> None:
+        """finish(), then average once more, blocking: afterwards every rank holds the same
+        parameters and buffers (for evaluation or a checkpoint). Training may go on after it;
+        the schedule of averages is unchanged."""
+        self.finish()
         self._average_now()
 
     def _average_now(self) -> None:
