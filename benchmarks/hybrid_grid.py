@@ -46,7 +46,10 @@ def main() -> None:
     parser.add_argument("example_arguments", nargs=argparse.REMAINDER)
     args = parser.parse_args()
     for run in args.runs:
-        mode_arguments(run)  # refuse a bad run before the first measurement
+        try:
+            mode_arguments(run)  # refuse a bad run before the first measurement
+        except argparse.ArgumentTypeError as error:
+            parser.error(str(error))
     example = [a for a in args.example_arguments if a != "--"]
     task = example[example.index("--task") + 1] if "--task" in example else "unknown"
     layout = f"{task}_{args.hosts}x{args.nproc_per_host}_{args.link}"

@@ -264,8 +264,9 @@ def main() -> None:
     bytes_per_step = everyone[:, 1].sum().item() / timed_steps
     say(f"images/s per rank: {' '.join(f'{v:.2f}' for v in per_rank)}")
     say(f"images/s total:    {images_per_s:.2f} over {world_size} ranks")
+    per_rank_bytes = " ".join(f"{b / timed_steps / 1e6:.3f}" for b in everyone[:, 1].tolist())
     say(f"bytes sent to other hosts: {bytes_per_step / 1e6:.3f} MB per step over all ranks "
-        f"({timed_steps} steps; per rank: {' '.join(f'{b / timed_steps / 1e6:.3f}' for b in everyone[:, 1].tolist())} MB)")
+        f"({timed_steps} steps; per rank: {per_rank_bytes} MB)")
     if accuracy is not None:
         say(f"test accuracy: {accuracy:.2f}% (rank 0's model, {len(test_labels)} images)")
     say(json.dumps({"mode": args.mode, "task": args.task,

@@ -173,7 +173,8 @@ def _case_train(ctx, layout, schedules):
                 problems.append(f"{label}: {what} differs from the one-process reference by up to "
                                 f"{(got - want).abs().max().item():.3g}")
         parameters = mine[:_parameter_count(model.module)]
-        if not all(torch.equal(other, parameters) for other in _gather(parameters, groups.host, len(groups.host_ranks))):
+        host_parameters = _gather(parameters, groups.host, len(groups.host_ranks))
+        if not all(torch.equal(other, parameters) for other in host_parameters):
             problems.append(f"{label}: the parameters of host {groups.host_ranks}'s ranks differ after training")
         if not all(torch.equal(other, drained) for other in _gather(drained, None, ctx.world_size)):
             problems.append(f"{label}: the ranks differ after drain")

@@ -170,11 +170,6 @@ class HybridAverager:
         dist.broadcast(flat, src=0)
         self._write(flat)
 
-    @property
-    def steps(self) -> int:
-        """Steps counted so far (step() calls)."""
-        return self._steps
-
     def step(self) -> None:
         """Count one training step (after the optimizer's): apply the average due now, and start
         the one due now."""
