@@ -123,7 +123,7 @@ class HybridAverager:
 
     period: steps between the starts of two cross-host averages (H, at least 1).
     delay: steps from the start of an average to its application (τ, 0 to period); 0 waits for
-    the average at once (the synchronous periodic average). Each step started at step s is
+    the average at once (the synchronous periodic average). An average started at step s is
     applied when step() is called for step s + delay, on every rank alike.
     warmup_steps: the first steps are fully synchronous: a blocking average after every step.
 
@@ -162,8 +162,8 @@ class HybridAverager:
         self._buffers_from = len(parameters)
         self._parameter_count = sum(p.numel() for p in parameters)
         self._count = self._parameter_count + sum(b.numel() for b in buffers)
-        hosts_ranks = len(groups.host_ranks)
-        self._shard_count = -(-self._count // hosts_ranks)  # padded so that shards are equal
+        ranks_per_host = len(groups.host_ranks)
+        self._shard_count = -(-self._count // ranks_per_host)  # padded so that shards are equal
         self._steps = 0
         self._pending: _Average | None = None
         flat = self._flatten()
