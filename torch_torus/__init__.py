@@ -15,6 +15,7 @@ import torch.distributed as dist
 
 from . import _C
 from .config import SETTINGS, ConfigError, Options, resolve
+from .hybrid import HostGroups, HybridAverager, HybridUpdateError, host_groups
 from .launch import init_from_launcher, init_from_mpi, init_from_slurm
 from .network import local_address
 from .selection import describe, resolve_tables
@@ -23,7 +24,8 @@ from .tuning import read as read_tuning
 from .tuning import tuned_allreduce
 
 __all__ = ["Options", "ConfigError", "SETTINGS", "BACKEND_NAME", "algorithm_for", "traffic", "reset_traffic",
-           "init_from_mpi", "init_from_slurm", "init_from_launcher", "monitored_barrier"]
+           "init_from_mpi", "init_from_slurm", "init_from_launcher", "monitored_barrier",
+           "host_groups", "HostGroups", "HybridAverager", "HybridUpdateError"]
 
 BACKEND_NAME = "torus"
 _LOG_LEVELS = {"warn": 0, "info": 1, "debug": 2}
