@@ -42,7 +42,9 @@ def main() -> int:
     facts.append(f"hosts={len(set(hosts))}")
     dist.destroy_process_group()
     verdict = "FAIL " + "; ".join(problems) if problems else "ok"
-    print(f"CLUSTER-CASE rank {rank} {verdict} {' '.join(facts)}", flush=True)
+    # One write with its newline: the host's ranks share one stdout, and print() writes the line
+    # and its end separately when Python runs unbuffered, so two ranks' lines could interleave.
+    os.write(sys.stdout.fileno(), f"CLUSTER-CASE rank {rank} {verdict} {' '.join(facts)}\n".encode())
     return 1 if problems else 0
 
 
