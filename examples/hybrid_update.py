@@ -34,7 +34,6 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import os
 import time
 
 import torch
@@ -43,13 +42,9 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
 import torch_torus
+from torch_torus.launch import threads_per_rank
 
 DIGITS_TRAINING_IMAGES = 1500  # of 1797; the rest are the test set
-
-
-def available_cores() -> int:
-    # The affinity mask respects taskset and cgroup cpusets, which os.cpu_count() ignores.
-    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
 
 
 def parse_args() -> argparse.Namespace:
@@ -137,7 +132,7 @@ def main() -> None:
     args = parse_args()
     torch_torus.init_from_launcher()
     if args.threads is None:
-        args.threads = max(1, available_cores() // int(os.environ.get("LOCAL_WORLD_SIZE", "1")))
+        args.threads = threads_per_rank()
     torch.set_num_threads(args.threads)
     rank, world_size = dist.get_rank(), dist.get_world_size()
 

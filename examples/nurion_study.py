@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import time
 
 import torch
@@ -24,6 +23,7 @@ from torch.nn.parallel import DistributedDataParallel
 
 import torch_torus
 from torch_torus.config import resolve
+from torch_torus.launch import threads_per_rank
 from torch_torus.resnet import resnet50
 from torch_torus.selection import allreduce_candidates
 from torch_torus.topology import choose_grid, choose_transport, host_identity
@@ -67,7 +67,7 @@ def train(group: dist.ProcessGroup, args: argparse.Namespace, rank: int) -> floa
 
 def main() -> None:
     args = parse_args()
-    torch.set_num_threads(max(1, len(os.sched_getaffinity(0)) // int(os.environ.get("LOCAL_WORLD_SIZE", "1"))))
+    torch.set_num_threads(threads_per_rank())
     dist.init_process_group(backend="gloo")  # gathering results, the same for every algorithm
     rank, world_size = dist.get_rank(), dist.get_world_size()
     values = resolve(None)

@@ -63,6 +63,15 @@ class MpiLaunch:
     local_world_size: int
 
 
+def threads_per_rank(environ: Mapping[str, str] | None = None) -> int:
+    """This process's share of the cores it may run on among its host's LOCAL_WORLD_SIZE ranks
+    (at least 1): more compute threads than cores only makes the ranks of a host fight. The
+    affinity mask respects taskset and cgroup cpusets, which os.cpu_count() ignores."""
+    environ = os.environ if environ is None else environ
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    return max(1, cores // int(environ.get("LOCAL_WORLD_SIZE", "1")))
+
+
 def _integer(environ: Mapping[str, str], name: str) -> int:
     text = environ[name]
     try:

@@ -1,10 +1,9 @@
 #include "transport/message_transport.h"
 
-#include <thread>
-
 #include <algorithm>
 #include <cerrno>
 #include <cstring>
+#include <thread>
 
 namespace torus {
 

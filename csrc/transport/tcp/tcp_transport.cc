@@ -2,12 +2,12 @@
 
 #include <arpa/inet.h>
 #include <fcntl.h>
+#include <linux/sockios.h>
 #include <netdb.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
 #include <poll.h>
 #include <pthread.h>
-#include <linux/sockios.h>
 #include <sys/eventfd.h>
 #include <sys/ioctl.h>
 #include <sys/socket.h>
@@ -43,13 +43,17 @@ constexpr auto kMaxBackoff = std::chrono::milliseconds(100);
 // the kernel has not delivered yet.
 constexpr auto kFarewellLinger = std::chrono::seconds(1);
 
-// A fault frame saying `why`.
-std::string faultFrame(const std::string& why) {
-  const std::string text = why.substr(0, kFaultTextBytes);
+// A frame of the transport's own, as bytes: a header of `kind`, then `text` as its payload.
+std::string ownFrame(FrameKind kind, const std::string& text = "") {
   WireHeader header;
-  header.kind = kFaultFrame;
+  header.kind = kind;
   header.nbytes = text.size();
   return std::string(reinterpret_cast<const char*>(&header), sizeof(header)) + text;
+}
+
+// A fault frame saying `why`.
+std::string faultFrame(const std::string& why) {
+  return ownFrame(kFaultFrame, why.substr(0, kFaultTextBytes));
 }
 
 struct Hello {
@@ -286,12 +290,10 @@ TcpTransport::TcpTransport(int rank, int size, std::shared_ptr<Rendezvous> rende
 
 TcpTransport::~TcpTransport() {
   leaveHelper();
-  WireHeader goodbye;
-  goodbye.kind = kGoodbyeFrame;
   for (Pair* pair : linked_) {
     // Only between whole frames: a connection mid-frame just closes.
     if (peerFailure(pair->peer).empty() && betweenFrames(pair->peer)) {
-      pair->sayFarewell(std::string(reinterpret_cast<const char*>(&goodbye), sizeof(goodbye)));
+      pair->sayFarewell(ownFrame(kGoodbyeFrame));
     }
   }
   if (!groupFailure().empty()) {
@@ -737,9 +739,6 @@ bool TcpTransport::sleep(std::unique_lock<std::mutex>& lock, Deadline deadline) 
     if (fds[i].revents) {
       moved |= tryPeer(polled[i - connectionFds]);
     }
-  }
-  for (Pair* pair : linked_) {
-    pair->pushFarewell();
   }
   return ready > 0 || moved;
 }
