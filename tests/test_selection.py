@@ -330,3 +330,37 @@ def test_slower_links_move_large_messages_to_fewer_link_bytes():
     table = resolve_tables(config.resolve(None, environ={"TORUS_LINK_BANDWIDTH": "100mbit"}), 8, grid,
                            hosts=hosts)["allreduce"]
     assert at(table, 1 << 20) == "torus" and at(table, 1 << 30) == "torus"
+
+
+def test_crowded_latency_counts_ranks_beyond_one_per_core():
+    from torch_torus.cost_model import Machine
+
+    machine = Machine(latency=2e-6, bandwidth=1e9, reduce_rate=1e9, message_overhead=0.0, crowded_latency=20e-6)
+    assert machine.on_host(2, 2).latency == pytest.approx(2e-6)
+    assert machine.on_host(1, 2).latency == pytest.approx(2e-6)
+    assert machine.on_host(8, 2).latency == pytest.approx(2e-6 + 3 * 20e-6)
+    assert machine.on_host(6, 4).latency == pytest.approx(2e-6 + 0.5 * 20e-6)
+    assert machine.on_host(8, 2).crowded_latency == 0.0
+
+
+def _one_shot_up_to(rules):
+    assert rules[0].algorithm == "one_shot" and rules[1].algorithm == "two_shot"
+    return rules[0].hi
+
+
+@pytest.mark.parametrize("size", [4, 8])
+def test_shared_memory_crossover_follows_the_ranks_per_core(size):
+    """Where ranks outnumber cores a step waits for peers to get a core, so the one-step
+    one_shot stays ahead of two_shot to larger sizes than with a core per rank; measured on 2
+    cores: near 256 KiB at 4 and 8 ranks (BENCHMARKS.md, issue 18)."""
+    from torch_torus.selection import auto_rules
+
+    grid = choose_grid(size, ["h"] * size, None)
+    crowded = auto_rules("allreduce", size, grid, "ring", "shm", cores=2)
+    spacious = auto_rules("allreduce", size, grid, "ring", "shm", cores=size)
+    covers_every_size(crowded)
+    assert _one_shot_up_to(crowded) > 4 * _one_shot_up_to(spacious)
+    assert 64 << 10 <= _one_shot_up_to(crowded) <= 512 << 10
+    # Over TCP the machine has no crowding term: the core count changes nothing.
+    assert auto_rules("allreduce", size, grid, "ring", "tcp", cores=2) == \
+        auto_rules("allreduce", size, grid, "ring", "tcp", cores=size)

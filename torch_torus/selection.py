@@ -4,6 +4,8 @@ thresholds for the others)."""
 
 from __future__ import annotations
 
+import os
+
 from . import algorithms
 from .config import ALGORITHMS, DEFAULT_CHUNK_BYTES, MAX_BYTES, SHARED_MEMORY_ALGORITHMS, Rule
 from .cost_model import HOST_LINK, MACHINES, Link, Machine, Placement, auto_allreduce_rules
@@ -41,13 +43,19 @@ def placement_of(hosts: list[str] | None, grid: Grid | None) -> Placement | None
 
 def auto_rules(collective: str, size: int, grid: Grid | None, inner: str, transport: str = "tcp",
                machine: Machine | None = None, hosts: list[str] | None = None,
-               link: Link = HOST_LINK, chunk_bytes: int = DEFAULT_CHUNK_BYTES) -> tuple[Rule, ...]:
+               link: Link = HOST_LINK, chunk_bytes: int = DEFAULT_CHUNK_BYTES,
+               cores: int | None = None) -> tuple[Rule, ...]:
     """`hosts`: each rank's host identity; when they differ, allreduce's cost model counts the
-    bytes over each host's `link` (and the torus's segments of `chunk_bytes` chunks)."""
+    bytes over each host's `link` (and the torus's segments of `chunk_bytes` chunks). `cores`:
+    the cores of the host a shared-memory group's ranks share (default: this host's)."""
     if collective == "allreduce":
+        machine = machine or MACHINES[transport]
+        if transport == "shm":
+            # The host's core count, not this process's affinity: every rank of the group must
+            # derive the same table, and ranks pinned to different cores see different affinities.
+            machine = machine.on_host(size, cores or os.cpu_count() or 1)
         return auto_allreduce_rules(size, allreduce_candidates(grid, transport), grid.shape if grid else None,
-                                    inner, machine or MACHINES[transport], placement_of(hosts, grid), link,
-                                    chunk_bytes)
+                                    inner, machine, placement_of(hosts, grid), link, chunk_bytes)
     return size_thresholds(collective)
 
 

@@ -25,6 +25,11 @@ constexpr uint64_t kSegmentMagic = 0x746f7275732d7368; // "torus-sh"
 constexpr size_t kLine = 64;
 // The longest a wait sleeps before it checks that its peers are alive.
 constexpr auto kLivenessPeriod = std::chrono::milliseconds(100);
+// How long a wait for peers yields the core between looks before it sleeps on the doorbell.
+// Longer than kSpinBeforeSleep: against 50 and 500 µs, pause-spinning first and sleeping at once,
+// 200 µs was as fast or faster at 2, 4 and 8 ranks on 2 cores (BENCHMARKS.md, "Waiting on
+// shared memory").
+constexpr auto kSpinBeforeSleepOnPeers = std::chrono::microseconds(200);
 
 // One posting cell: what the segment's owner announced to one peer for their collective `epoch`.
 struct alignas(kLine) SharedPosting {
@@ -554,7 +559,7 @@ void ShmTransport::post(int peer, uint64_t pairEpoch, const SharedMemory::Postin
 template <typename Ready>
 void ShmTransport::waitUntil(Ready ready, Deadline deadline, const std::function<std::string()>& waitingFor,
                              const std::function<void()>& whenIdle) {
-  const auto spinUntil = Clock::now() + kSpinBeforeSleep;
+  const auto spinUntil = Clock::now() + kSpinBeforeSleepOnPeers;
   while (Clock::now() < spinUntil) {
     if (ready()) {
       return;
