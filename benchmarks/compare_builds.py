@@ -23,11 +23,19 @@ import sys
 from pathlib import Path
 
 
-def bench_run(tree: Path, nproc: int, backends: str, bench_args: list[str], out: Path) -> dict:
-    env = dict(os.environ, PYTHONPATH=str(tree.resolve()))
+def add_run_options(parser: argparse.ArgumentParser, out: str) -> None:
+    """The options of an alternating comparison of bench runs (this script, compare_settings.py)."""
+    parser.add_argument("--runs", type=int, default=3)
+    parser.add_argument("--nproc", type=int, default=4)
+    parser.add_argument("--out", type=Path, default=Path(out))
+    parser.add_argument("bench_args", nargs="*", help="after --: arguments for torch_torus.bench")
+
+
+def bench_run(variables: dict[str, str], nproc: int, backends: str, bench_args: list[str], out: Path) -> dict:
+    """One torchrun of the bench with `variables` added to the environment; its --json document."""
     command = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}",
-               "-m", "torch_torus.bench", "--backends", f"{backends};gloo", "--json", str(out), *bench_args]
-    subprocess.run(command, env=env, check=True, stdout=subprocess.DEVNULL)
+               "-m", "torch_torus.bench", "--backends", backends, "--json", str(out), *bench_args]
+    subprocess.run(command, env={**os.environ, **variables}, check=True, stdout=subprocess.DEVNULL)
     return json.loads(out.read_text())
 
 
@@ -39,11 +47,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--old", type=Path, required=True, help="source tree of the old build")
     parser.add_argument("--new", type=Path, required=True, help="source tree of the new build")
-    parser.add_argument("--runs", type=int, default=3)
     parser.add_argument("--backends", default="torus", help="torus contenders, separated by ';'")
-    parser.add_argument("--nproc", type=int, default=4)
-    parser.add_argument("--out", type=Path, default=Path("bench-out/compare_builds"))
-    parser.add_argument("bench_args", nargs="*", help="after --: arguments for torch_torus.bench")
+    add_run_options(parser, "bench-out/compare_builds")
     args = parser.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
     runs: dict[str, list[dict]] = {"old": [], "new": []}
@@ -51,8 +56,8 @@ def main() -> None:
         for build in ("old", "new"):
             print(f"run {index + 1}/{args.runs}: {build}", file=sys.stderr, flush=True)
             tree = args.old if build == "old" else args.new
-            runs[build].append(bench_run(tree, args.nproc, args.backends, args.bench_args,
-                                         args.out / f"{build}_{index + 1}.json"))
+            runs[build].append(bench_run({"PYTHONPATH": str(tree.resolve())}, args.nproc, f"{args.backends};gloo",
+                                         args.bench_args, args.out / f"{build}_{index + 1}.json"))
     contenders = [c for c in dict.fromkeys(row["contender"] for row in runs["old"][0]["rows"]) if c != "gloo"]
     print("| contender | size | old µs | new µs | new/old | old spread | new spread | gloo new/old |")
     print("|---|---|---|---|---|---|---|---|")

@@ -14,14 +14,10 @@ setting. Writes every run's JSON to --out. (compare_builds.py does the same for 
 from __future__ import annotations
 
 import argparse
-import json
-import os
 import statistics
-import subprocess
 import sys
-from pathlib import Path
 
-from compare_builds import times
+from compare_builds import add_run_options, bench_run, times
 
 
 def parse_setting(text: str) -> tuple[str, dict[str, str]]:
@@ -41,23 +37,16 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--setting", action="append", required=True, type=parse_setting,
                         help="label:NAME=VALUE,NAME=VALUE (repeat; the first is the baseline)")
-    parser.add_argument("--runs", type=int, default=3)
     parser.add_argument("--backends", default="torus", help="bench contenders, separated by ';'")
-    parser.add_argument("--nproc", type=int, default=4)
-    parser.add_argument("--out", type=Path, default=Path("bench-out/compare_settings"))
-    parser.add_argument("bench_args", nargs="*", help="after --: arguments for torch_torus.bench")
+    add_run_options(parser, "bench-out/compare_settings")
     args = parser.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
     runs: dict[str, list[dict]] = {label: [] for label, _ in args.setting}
     for index in range(args.runs):
         for label, variables in args.setting:
             print(f"run {index + 1}/{args.runs}: {label}", file=sys.stderr, flush=True)
-            out = args.out / f"{label}_{index + 1}.json"
-            command = [sys.executable, "-m", "torch.distributed.run", "--standalone",
-                       f"--nproc-per-node={args.nproc}", "-m", "torch_torus.bench", "--backends", args.backends,
-                       "--json", str(out), *args.bench_args]
-            subprocess.run(command, env={**os.environ, **variables}, check=True, stdout=subprocess.DEVNULL)
-            runs[label].append(json.loads(out.read_text()))
+            runs[label].append(bench_run(variables, args.nproc, args.backends, args.bench_args,
+                                         args.out / f"{label}_{index + 1}.json"))
     labels = list(runs)
     first = runs[labels[0]][0]
     print(f"{args.nproc} ranks; median µs over {args.runs} runs (spread max/min) x ratio to {labels[0]}")
