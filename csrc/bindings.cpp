@@ -89,7 +89,9 @@ PYBIND11_MODULE(_C, module) {
       .def_readwrite("torus_rows", &torus::TorusConfig::torusRows)
       .def_readwrite("torus_inner", &torus::TorusConfig::torusInner)
       .def_readwrite("hosts", &torus::TorusConfig::hosts)
-      .def_readwrite("log_level", &torus::TorusConfig::logLevel);
+      .def_readwrite("log_level", &torus::TorusConfig::logLevel)
+      .def_readwrite("device_stall_ms", &torus::TorusConfig::deviceStallMs)
+      .def_readwrite("host_device", &torus::TorusConfig::hostDevice);
 
   py::class_<torus::ProcessGroupTorus, c10d::Backend, c10::intrusive_ptr<torus::ProcessGroupTorus>>(
       module, "ProcessGroupTorus")

@@ -1,34 +1,23 @@
 #include "device_collectives_on_host.h"
 
-#include <fcntl.h>
-#include <sys/mman.h>
-#include <sys/stat.h>
-#include <unistd.h>
-
 #include <pybind11/functional.h>
 #include <pybind11/stl.h>
 #include <torch/python.h>
 
 #include <algorithm>
-#include <array>
-#include <cerrno>
 #include <chrono>
 #include <cstdint>
-#include <cstdlib>
-#include <cstring>
-#include <functional>
 #include <map>
 #include <memory>
 #include <numeric>
 #include <optional>
-#include <random>
-#include <sstream>
-#include <stdexcept>
 #include <string>
 #include <vector>
 
+#include "backend/device_arenas.h"
+#include "backend/host_device/host_device_path.h"
+#include "backend/host_device/host_shm_memory.h"
 #include "backend/tensor_checks.h"
-#include "collectives/barrier_dissemination.h"
 #include "collectives/blocks.h"
 #include "collectives/device/arena_allgather.h"
 #include "collectives/device/arena_reduce_scatter.h"
@@ -46,355 +35,6 @@ namespace py = pybind11;
 namespace torus {
 
 namespace {
-
-uintptr_t address(const void* p) {
-  return reinterpret_cast<uintptr_t>(p);
-}
-
-bool rangesOverlap(const void* a, size_t aBytes, const void* b, size_t bBytes) {
-  return address(a) < address(b) + bBytes && address(b) < address(a) + aBytes;
-}
-
-std::string describe(const void* p, size_t nbytes) {
-  std::ostringstream text;
-  text << "[" << p << ", +" << nbytes << ")";
-  return text.str();
-}
-
-// What memory a collective may touch, by kind: its buffer ("device memory"), its own arena
-// (written by copies into it, read by every rank of its host), a peer's arena (read only), or the
-// path's staging.
-enum class RegionKind : uint8_t { kDevice, kOwnArena, kPeerArena, kStaging };
-
-struct Region {
-  const char* begin;
-  size_t bytes;
-  RegionKind kind;
-  std::string name;
-
-  bool holds(const void* p, size_t nbytes) const {
-    return address(p) >= address(begin) && nbytes <= bytes && address(p) - address(begin) <= bytes - nbytes;
-  }
-};
-
-struct PathStats {
-  uint64_t copies = 0;
-  uint64_t reduces = 0;
-  uint64_t synchronizes = 0;
-  uint64_t stagingAllocations = 0;
-  uint64_t arenaBytesWritten = 0; // copied or reduced into this rank's arena
-  uint64_t arenaBytesRead = 0; // read from any arena (copy source, reduce source)
-  uint64_t stagingBytes = 0; // copied into or out of staging, or read from it by a reduction
-};
-
-// DevicePath on host memory. Copies are memcpy, reductions the CPU reducer's, staging plain
-// 64-byte-aligned buffers (filled with 0xff when allocated, so that reading what the contract
-// calls lost shows). Eager: every operation runs when enqueued, as a device that keeps up would
-// run it. Deferred: operations queue until synchronize() (or a staging buffer grows), the latest
-// a stream may run them; an algorithm that reads what it enqueued before synchronizing, or signals
-// peers before its copies landed, then sees stale bytes.
-//
-// Every operation's ranges are checked against the regions of the call in progress (setRegions)
-// and the staging buffers: a range must lie inside one region, a destination must not be a peer's
-// arena, a copy's ranges must not overlap, and a reduction's destination may be one of its sources
-// but must not overlap one partially. A violation throws std::logic_error at once, naming it.
-class HostDevicePath : public DevicePath {
- public:
-  explicit HostDevicePath(bool deferred) : deferred_(deferred) {}
-  ~HostDevicePath() override {
-    for (Buffer& buffer : staging_) {
-      std::free(buffer.data);
-    }
-  }
-  HostDevicePath(const HostDevicePath&) = delete;
-  HostDevicePath& operator=(const HostDevicePath&) = delete;
-
-  void copy(void* dst, const void* src, size_t nbytes) override {
-    if (nbytes == 0) {
-      return;
-    }
-    const RegionKind to = classify(dst, nbytes, "copy destination", true);
-    const RegionKind from = classify(src, nbytes, "copy source", false);
-    if (rangesOverlap(dst, nbytes, src, nbytes)) {
-      throw std::logic_error("HostDevicePath: copy from " + describe(src, nbytes) + " to the overlapping " +
-                             describe(dst, nbytes));
-    }
-    ++stats_.copies;
-    account(to, nbytes, true);
-    account(from, nbytes, false);
-    run([dst, src, nbytes] { std::memcpy(dst, src, nbytes); });
-  }
-
-  void reduce(const DeviceReduction& op, void* dst, const void* const* srcs, int numSources,
-              size_t count) override {
-    if (numSources < 1) {
-      throw std::logic_error("HostDevicePath: a reduction of " + std::to_string(numSources) + " sources");
-    }
-    const Reducer reducer = makeReducer(op.dtype, op.kind);
-    if (reducer.fn == nullptr) {
-      throw std::invalid_argument(std::string("HostDevicePath: no reduction ") + reduceKindName(op.kind) + " of " +
-                                  dataTypeName(op.dtype));
-    }
-    if (count == 0) {
-      return;
-    }
-    const size_t nbytes = count * reducer.elementSize;
-    const RegionKind to = classify(dst, nbytes, "reduce destination", true);
-    std::vector<const char*> sources;
-    bool destinationLater = false;
-    for (int i = 0; i < numSources; ++i) {
-      account(classify(srcs[i], nbytes, "reduce source", false), nbytes, false);
-      if (srcs[i] != dst && rangesOverlap(srcs[i], nbytes, dst, nbytes)) {
-        throw std::logic_error("HostDevicePath: reduce source " + std::to_string(i) + " " +
-                               describe(srcs[i], nbytes) + " partially overlaps its destination " +
-                               describe(dst, nbytes));
-      }
-      destinationLater = destinationLater || (i > 0 && srcs[i] == dst);
-      sources.push_back(static_cast<const char*>(srcs[i]));
-    }
-    ++stats_.reduces;
-    account(to, nbytes, true);
-    char* target = static_cast<char*>(dst);
-    run([this, reducer, target, sources = std::move(sources), count, nbytes, destinationLater] {
-      // dst = srcs[0] (op) srcs[1] ...: folded in place when dst is srcs[0] or none of them; through
-      // a temporary when dst is a later source, whose original value the fold still needs.
-      char* out = destinationLater ? static_cast<char*>(temporary_.get(nbytes)) : target;
-      if (out != sources[0]) {
-        std::memcpy(out, sources[0], nbytes);
-      }
-      for (size_t i = 1; i < sources.size(); ++i) {
-        reducer(out, sources[i], count);
-      }
-      if (out != target) {
-        std::memcpy(target, out, nbytes);
-      }
-    });
-  }
-
-  void synchronize(Deadline deadline) override {
-    ++stats_.synchronizes;
-    flush();
-    if (Clock::now() > deadline) {
-      throw CommError(CommError::Kind::kTimeout, "timed out waiting for the collective's work on the host device path");
-    }
-  }
-
-  char* staging(StagingUse use, size_t nbytes) override {
-    Buffer& buffer = staging_.at(static_cast<size_t>(use));
-    if (nbytes <= buffer.bytes) {
-      return buffer.data;
-    }
-    // As the CUDA path synchronizes its stream before freeing pinned memory.
-    flush();
-    std::free(buffer.data);
-    buffer = Buffer{};
-    const size_t rounded = (nbytes + 63) / 64 * 64;
-    char* data = static_cast<char*>(std::aligned_alloc(64, rounded));
-    if (data == nullptr) {
-      throw std::bad_alloc();
-    }
-    std::memset(data, 0xff, rounded);
-    buffer = Buffer{data, nbytes};
-    ++stats_.stagingAllocations;
-    stagingRegions_.clear();
-    for (size_t i = 0; i < staging_.size(); ++i) {
-      if (staging_[i].data != nullptr) {
-        stagingRegions_.push_back(Region{staging_[i].data, staging_[i].bytes, RegionKind::kStaging,
-                                         i == static_cast<size_t>(StagingUse::kMirror) ? "staging (mirror)"
-                                                                                       : "staging (slots)"});
-      }
-    }
-    return buffer.data;
-  }
-
-  // The memory the call in progress may touch besides staging.
-  void setRegions(std::vector<Region> regions) {
-    regions_ = std::move(regions);
-  }
-  // Runs what is queued (deferred), as a stream synchronization would.
-  void flush() {
-    std::vector<std::function<void()>> queued;
-    queued.swap(queue_);
-    for (const auto& operation : queued) {
-      operation();
-    }
-  }
-  // Drops what is queued: after a failed call, whose buffers may be gone.
-  void discard() {
-    queue_.clear();
-  }
-
-  const PathStats& stats() const {
-    return stats_;
-  }
-  void resetStats() {
-    stats_ = PathStats{};
-  }
-  bool deferred() const {
-    return deferred_;
-  }
-
- private:
-  struct Buffer {
-    char* data = nullptr;
-    size_t bytes = 0;
-  };
-
-  void run(std::function<void()> operation) {
-    if (deferred_) {
-      queue_.push_back(std::move(operation));
-    } else {
-      operation();
-    }
-  }
-
-  RegionKind classify(const void* p, size_t nbytes, const char* what, bool write) const {
-    const Region* found = nullptr;
-    for (const std::vector<Region>* regions : {&regions_, &stagingRegions_}) {
-      for (const Region& region : *regions) {
-        if (region.holds(p, nbytes)) {
-          found = &region;
-        }
-      }
-    }
-    if (found == nullptr) {
-      std::string near;
-      for (const std::vector<Region>* regions : {&regions_, &stagingRegions_}) {
-        for (const Region& region : *regions) {
-          if (rangesOverlap(p, nbytes, region.begin, region.bytes)) {
-            near += (near.empty() ? "" : ", ") + region.name + " " + describe(region.begin, region.bytes);
-          }
-        }
-      }
-      throw std::logic_error(std::string("HostDevicePath: ") + what + " " + describe(p, nbytes) +
-                             (near.empty() ? " is outside every buffer the collective may touch"
-                                           : " crosses the end of " + near));
-    }
-    if (write && found->kind == RegionKind::kPeerArena) {
-      throw std::logic_error(std::string("HostDevicePath: ") + what + " " + describe(p, nbytes) + " is in " +
-                             found->name + ": a rank writes only its own arena");
-    }
-    return found->kind;
-  }
-
-  void account(RegionKind kind, size_t nbytes, bool write) {
-    if (kind == RegionKind::kOwnArena && write) {
-      stats_.arenaBytesWritten += nbytes;
-    } else if ((kind == RegionKind::kOwnArena || kind == RegionKind::kPeerArena) && !write) {
-      stats_.arenaBytesRead += nbytes;
-    } else if (kind == RegionKind::kStaging) {
-      stats_.stagingBytes += nbytes;
-    }
-  }
-
-  const bool deferred_;
-  std::array<Buffer, 2> staging_{};
-  std::vector<Region> regions_;
-  std::vector<Region> stagingRegions_;
-  std::vector<std::function<void()>> queue_;
-  Scratch temporary_;
-  PathStats stats_;
-};
-
-// DeviceArenas in POSIX shared memory: each rank creates a segment of `bytes` (filled with 0xff),
-// publishes its name through the rendezvous, and maps the segments of the ranks that `hosts` puts
-// on its host; the arenas of other hosts' ranks are nullptr. Once every rank has mapped its peers'
-// (a barrier on the group), each unlinks its own, so nothing is left in /dev/shm whatever happens
-// later; the mappings go with the object.
-class HostArenas : public DeviceArenas {
- public:
-  HostArenas(Comm& group, Rendezvous& rendezvous, const std::vector<int>& hosts, size_t bytes)
-      : bytes_(bytes), arenas_(static_cast<size_t>(group.size()), nullptr) {
-    const int self = group.rank();
-    try {
-      std::random_device random;
-      std::ostringstream name;
-      name << "/torus-devtest-" << getpid() << "-" << std::hex << random() << random() << "-r" << std::dec << self;
-      ownName_ = name.str();
-      const int fd = shm_open(ownName_.c_str(), O_CREAT | O_EXCL | O_RDWR, 0600);
-      if (fd < 0) {
-        fail("shm_open(" + ownName_ + ")");
-      }
-      linked_ = true;
-      if (ftruncate(fd, static_cast<off_t>(bytes_)) != 0) {
-        const int error = errno;
-        close(fd);
-        errno = error;
-        fail("ftruncate(" + ownName_ + ")");
-      }
-      char* own = mapAndClose(fd, ownName_);
-      std::memset(own, 0xff, bytes_);
-      arenas_[static_cast<size_t>(self)] = own;
-      rendezvous.set(key(self), ownName_);
-      for (int r = 0; r < group.size(); ++r) {
-        if (r == self || hosts.at(static_cast<size_t>(r)) != hosts.at(static_cast<size_t>(self))) {
-          continue;
-        }
-        const std::string peer = rendezvous.get(key(r));
-        const int peerFd = shm_open(peer.c_str(), O_RDWR, 0);
-        if (peerFd < 0) {
-          fail("shm_open(" + peer + ") of rank " + std::to_string(r));
-        }
-        arenas_[static_cast<size_t>(r)] = mapAndClose(peerFd, peer);
-      }
-      barrier_dissemination(group);
-      unlinkOwn();
-    } catch (...) {
-      release();
-      throw;
-    }
-  }
-  ~HostArenas() override {
-    release();
-  }
-  HostArenas(const HostArenas&) = delete;
-  HostArenas& operator=(const HostArenas&) = delete;
-
-  size_t bytes() const override {
-    return bytes_;
-  }
-  char* arena(int transportRank) const override {
-    return arenas_.at(static_cast<size_t>(transportRank));
-  }
-
- private:
-  static std::string key(int rank) {
-    return "host-arena/" + std::to_string(rank);
-  }
-  [[noreturn]] static void fail(const std::string& what) {
-    throw std::runtime_error("HostArenas: " + what + ": " + std::strerror(errno));
-  }
-  char* mapAndClose(int fd, const std::string& name) const {
-    void* mapped = mmap(nullptr, bytes_, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
-    const int error = errno;
-    close(fd);
-    if (mapped == MAP_FAILED) {
-      errno = error;
-      fail("mmap(" + name + ")");
-    }
-    return static_cast<char*>(mapped);
-  }
-  void unlinkOwn() {
-    if (linked_) {
-      shm_unlink(ownName_.c_str());
-      linked_ = false;
-    }
-  }
-  void release() {
-    unlinkOwn();
-    for (char*& arena : arenas_) {
-      if (arena != nullptr) {
-        munmap(arena, bytes_);
-        arena = nullptr;
-      }
-    }
-  }
-
-  const size_t bytes_;
-  std::vector<char*> arenas_; // by transport rank
-  std::string ownName_;
-  bool linked_ = false;
-};
 
 ReduceKind reduceKindNamed(const std::string& name) {
   std::string lower = name;
@@ -430,7 +70,7 @@ class DeviceCollectivesOnHost {
       : rank_(rank),
         size_(size),
         timeout_(std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(timeoutSeconds))),
-        path_(mode == "deferred") {
+        path_(mode == "deferred", std::chrono::duration_cast<std::chrono::milliseconds>(timeout_)) {
     TORUS_CHECK_ARG(mode == "eager" || mode == "deferred", "mode '", mode, "': expected eager or deferred");
     TORUS_CHECK_ARG(size > 0 && rank >= 0 && rank < size, "rank ", rank, " of ", size);
     TORUS_CHECK_ARG(hosts.size() == static_cast<size_t>(size), hosts.size(), " hosts for ", size, " ranks");
@@ -445,7 +85,7 @@ class DeviceCollectivesOnHost {
     group_ = std::make_unique<Comm>(transport_, everyone, rank);
     Comm setup = *group_;
     prepare(setup, everyone, CallSignature{kSetup});
-    arenas_ = std::make_shared<HostArenas>(setup, *rendezvous, hosts, arenaBytes);
+    arenas_ = SharedArenas::exchange(setup, path_, hosts, makeHostShmMemory(), arenaBytes, 0);
     group_->attachDeviceArenas(arenas_);
   }
 
@@ -535,8 +175,7 @@ class DeviceCollectivesOnHost {
     path_.setRegions(std::move(regions));
     path_.reduce(DeviceReduction{dtype, reduceKindNamed(op)}, dst.data_ptr(), sources.data(),
                  static_cast<int>(sources.size()), static_cast<size_t>(dst.numel()));
-    path_.synchronize(Clock::now() + timeout_);
-    path_.setRegions({});
+    path_.synchronize(Clock::now() + timeout_, {"host_reduce"});
   }
 
   std::map<std::string, uint64_t> stats() const {
@@ -676,7 +315,7 @@ class DeviceCollectivesOnHost {
     path_.setRegions(regionsFor(call));
     try {
       std::string route = body(call);
-      path_.synchronize(call.comm.deadline());
+      path_.synchronize(call.comm.deadline(), {"the end of the call"});
       return route;
     } catch (...) {
       path_.discard();
@@ -708,7 +347,7 @@ class DeviceCollectivesOnHost {
   const Clock::duration timeout_;
   std::shared_ptr<Transport> transport_;
   std::unique_ptr<Comm> group_;
-  std::shared_ptr<HostArenas> arenas_;
+  std::shared_ptr<SharedArenas> arenas_;
   HostDevicePath path_;
   std::map<std::vector<int>, uint64_t> collectives_;
 };

@@ -1,10 +1,10 @@
 // torch_torus._C._DeviceCollectivesOnHost, for tests/test_device_collectives.py: the collectives
 // of collectives/device/ (arena reduce-scatter and allgather, the staged rings, the torus rows and
-// columns) on a machine without a GPU. They are written against DevicePath and DeviceArenas
-// alone, so a host implementation of both runs their logic unchanged: a HostDevicePath (copies by
-// memcpy, reductions by the CPU reducer, staging in plain host memory; eager, or deferred until
-// synchronize() as a stream may run them late) and HostArenas (one POSIX shared-memory segment per
-// rank, mapped by the ranks that a `hosts` list puts on its host), over a TCP group.
+// columns) called one by one, on any ranks, blocks and offsets, over a TCP group, through the
+// backend's host device layer (backend/host_device/: HostDevicePath, eager or deferred, with its
+// range checks on; arenas in POSIX shared memory exchanged by SharedArenas among the ranks that a
+// `hosts` list puts on one host). The backend runs the same layer under TORUS_HOST_DEVICE; this
+// binding only reaches the algorithms below the backend's entry points.
 #pragma once
 
 #include <pybind11/pybind11.h>

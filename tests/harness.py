@@ -165,8 +165,11 @@ class WorkerContext:
                 importlib.import_module(name)
 
     def pg_options(self, **overrides):
-        """pg_options for the backend under test (torch_torus.Options), or None."""
-        kw = dict(self.options)
+        """pg_options for the backend under test (torch_torus.Options), or None. A string value
+        may name this rank as ``{rank}`` (``host_id="host-{rank}"``: every rank its own host) and
+        its pair as ``{rank_pair}`` (rank // 2: two ranks to a host)."""
+        kw = {k: v.format(rank=self.rank, rank_pair=self.rank // 2) if isinstance(v, str) else v
+              for k, v in self.options.items()}
         kw.update(overrides)
         if not kw or self.backend != "torus":
             return None

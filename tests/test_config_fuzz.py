@@ -69,6 +69,9 @@ BAD: dict[str, list[str]] = {
     "TORUS_LINK_LATENCY": ["", "soon", "20", "-1us", "1h", "us", "1e-3s", "20 us us", "٢us", "\x00"],
     "TORUS_LOG_LEVEL": ["", "loud", "error", "warning", "2", "INFO!", "info,debug", "ｉｎｆｏ", "\x00",
                         "\udcff"],
+    "TORUS_DEVICE_STALL_TIMEOUT": ["", "0", "30", "-1s", "0.5ms", "2d", "soon", "1e3s", "٣s", "\x00"],
+    "TORUS_HOST_DEVICE": ["", "yes", "1", "on:x", "stall", "stall:", "stall: ", "fail", "fail:copy",
+                          "stall:a\x00", "stall:ü", "\udcff"],
 }
 _RULE_GOOD = ["auto", "AUTO", " auto ", "auto:0-max", "auto:0-100;auto:101-200"]
 GOOD: dict[str, list[str]] = {
@@ -93,6 +96,8 @@ GOOD: dict[str, list[str]] = {
                              "1.25GB/s", "117MB/s"],
     "TORUS_LINK_LATENCY": ["20us", "1.5ms", "0", "2s", " 5ns ", "0.25ms"],
     "TORUS_LOG_LEVEL": ["warn", "info", "debug", "INFO", " debug "],
+    "TORUS_DEVICE_STALL_TIMEOUT": ["30s", "1ms", "2.5s", " 10s ", "86400s", "500ms"],
+    "TORUS_HOST_DEVICE": ["off", "on", "ON", " on ", "stall:ready", "stall:copy into the arena", "fail:enter"],
 }
 
 

@@ -216,9 +216,19 @@ def skip_unless_backend_takes_cuda(backend: str) -> None:
 
 
 def _on_shared_gpu(ctx) -> torch.device:
-    """Every rank on GPU 0: several ranks sharing one device, which NCCL refuses."""
+    """Every rank on GPU 0: several ranks sharing one device, which NCCL refuses. Under the host
+    device layer (tests/test_device_path.py runs these cases there) the CPU, whose tensors then
+    take the device path."""
+    if ctx.state.get("host device"):
+        return torch.device("cpu")
     torch.cuda.set_device(0)
     return torch.device("cuda", 0)
+
+
+def _synchronize(device: torch.device) -> None:
+    """The host waits for the device's queued work (nothing to wait for on the CPU)."""
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
 
 
 def _attempt(label: str, problems: list, call) -> bool:
@@ -236,7 +246,7 @@ def _case_cuda_allreduce(ctx, dtype, op):
     problems = []
     for count in (0, 1, 7, 4099, 1 << 20):
         inputs = gen_all(("cuda allreduce", dtype, op, count), ctx.world_size, (count,), dtype, op)
-        t = inputs[ctx.rank].to(device)
+        t = inputs[ctx.rank].to(device, copy=True)
         dist.all_reduce(t, op=redop(op))
         problems += check_reduction(t.cpu(), inputs, op, f"{dtype} {op} count={count}")
     return problems
@@ -270,7 +280,7 @@ def _rows(pattern: str, src: int, dst: int) -> int:
 def _cc_all_reduce_coalesced(ctx, device, dtype, problems):
     n, rank = ctx.world_size, ctx.rank
     inputs = [gen_all(("cuda arc", shape), n, shape, dtype) for shape in CUDA_SHAPES]
-    tensors = [per_rank[rank].to(device) for per_rank in inputs]
+    tensors = [per_rank[rank].to(device, copy=True) for per_rank in inputs]
     label = f"all_reduce_coalesced {dtype} shapes {[fmt_shape(s) for s in CUDA_SHAPES]}"
 
     def call():
@@ -295,7 +305,7 @@ def _cc_reduce(ctx, device, dtype, problems):
     for root in sorted({1, n - 1}):
         for shape in CUDA_SHAPES:
             inputs = gen_all(("cuda reduce", root, shape), n, shape, dtype)
-            t = inputs[rank].to(device)
+            t = inputs[rank].to(device, copy=True)
             label = f"reduce dst={root} {dtype} shape={fmt_shape(shape)}"
             if not _attempt(label, problems, lambda: dist.reduce(t, dst=root)):
                 return
@@ -309,7 +319,7 @@ def _cc_all_gather(ctx, device, dtype, problems):
     n, rank = ctx.world_size, ctx.rank
     for shape in CUDA_SHAPES:
         inputs = gen_all(("cuda ag", shape), n, shape, dtype)
-        x = inputs[rank].to(device)
+        x = inputs[rank].to(device, copy=True)
         outs = [torch.empty(shape, dtype=dtype_of(dtype), device=device) for _ in range(n)]
         label = f"all_gather {dtype} shape={fmt_shape(shape)}"
         if not _attempt(label, problems, lambda: dist.all_gather(outs, x)):
@@ -324,7 +334,7 @@ def _cc_all_gather_into_tensor(ctx, device, dtype, problems):
     for shape in CUDA_ROW_SHAPES:
         inputs = gen_all(("cuda agt", shape), n, shape, dtype)
         out = torch.empty((shape[0] * n,) + shape[1:], dtype=dtype_of(dtype), device=device)
-        x = inputs[rank].to(device)
+        x = inputs[rank].to(device, copy=True)
         label = f"all_gather_into_tensor {dtype} shape={fmt_shape(shape)}"
         if not _attempt(label, problems, lambda: dist.all_gather_into_tensor(out, x)):
             return
@@ -336,7 +346,7 @@ def _cc_gather(ctx, device, dtype, problems):
     root = 1
     for shape in CUDA_SHAPES:
         inputs = gen_all(("cuda gather", shape), n, shape, dtype)
-        x = inputs[rank].to(device)
+        x = inputs[rank].to(device, copy=True)
         outs = ([torch.empty(shape, dtype=dtype_of(dtype), device=device) for _ in range(n)]
                 if rank == root else None)
         label = f"gather dst={root} {dtype} shape={fmt_shape(shape)}"
@@ -352,8 +362,8 @@ def _cc_scatter(ctx, device, dtype, problems):
     root = n - 1
     for shape in CUDA_SHAPES:
         pieces = [gen(("cuda scatter", shape, j), root, shape, dtype) for j in range(n)]
-        ins = [p.to(device) for p in pieces] if rank == root else None
-        out = gen(("cuda scatter out", shape), rank, shape, dtype).to(device)
+        ins = [p.to(device, copy=True) for p in pieces] if rank == root else None
+        out = gen(("cuda scatter out", shape), rank, shape, dtype).to(device, copy=True)
         label = f"scatter src={root} {dtype} shape={fmt_shape(shape)}"
         if not _attempt(label, problems, lambda: dist.scatter(out, ins, src=root)):
             return
@@ -372,7 +382,7 @@ def _reduce_scatter_inputs(ctx, shape, dtype):
 def _cc_reduce_scatter(ctx, device, dtype, problems):
     for shape in CUDA_SHAPES:
         mine, contributions = _reduce_scatter_inputs(ctx, shape, dtype)
-        ins = [piece.to(device) for piece in mine]
+        ins = [piece.to(device, copy=True) for piece in mine]
         out = torch.empty(shape, dtype=dtype_of(dtype), device=device)
         label = f"reduce_scatter {dtype} shape={fmt_shape(shape)}"
         if not _attempt(label, problems, lambda: dist.reduce_scatter(out, ins)):
@@ -383,7 +393,7 @@ def _cc_reduce_scatter(ctx, device, dtype, problems):
 def _cc_reduce_scatter_tensor(ctx, device, dtype, problems):
     for shape in CUDA_ROW_SHAPES:
         mine, contributions = _reduce_scatter_inputs(ctx, shape, dtype)
-        x = torch.cat(mine).to(device)
+        x = torch.cat(mine).to(device, copy=True)
         out = torch.empty(shape, dtype=dtype_of(dtype), device=device)
         label = f"reduce_scatter_tensor {dtype} shape={fmt_shape(shape)}"
         if not _attempt(label, problems, lambda: dist.reduce_scatter_tensor(out, x)):
@@ -393,7 +403,7 @@ def _cc_reduce_scatter_tensor(ctx, device, dtype, problems):
 
 def _cc_all_to_all(ctx, device, dtype, problems, pattern):
     n, rank = ctx.world_size, ctx.rank
-    ins = [gen(("cuda a2a", pattern, rank, j), rank, (_rows(pattern, rank, j), 2), dtype).to(device)
+    ins = [gen(("cuda a2a", pattern, rank, j), rank, (_rows(pattern, rank, j), 2), dtype).to(device, copy=True)
            for j in range(n)]
     outs = [torch.empty((_rows(pattern, i, rank), 2), dtype=dtype_of(dtype), device=device)
             for i in range(n)]
@@ -410,7 +420,7 @@ def _cc_all_to_all_single(ctx, device, dtype, problems, pattern):
     in_splits = [_rows(pattern, rank, j) for j in range(n)]
     out_splits = [_rows(pattern, i, rank) for i in range(n)]
     x = torch.cat([gen(("cuda a2as", pattern, rank, j), rank, (in_splits[j], 2), dtype)
-                   for j in range(n)]).to(device)
+                   for j in range(n)]).to(device, copy=True)
     out = torch.zeros((sum(out_splits), 2), dtype=dtype_of(dtype), device=device)
     kw = {} if pattern == "even" else {"output_split_sizes": out_splits, "input_split_sizes": in_splits}
     label = f"all_to_all_single {dtype} {pattern} in_splits={in_splits} out_splits={out_splits}"
@@ -425,7 +435,7 @@ def _cc_broadcast(ctx, device, dtype, problems):
     n, rank = ctx.world_size, ctx.rank
     for root in range(n):
         for shape in CUDA_SHAPES:
-            t = gen(("cuda bcast", root, shape), rank, shape, dtype).to(device)
+            t = gen(("cuda bcast", root, shape), rank, shape, dtype).to(device, copy=True)
             label = f"broadcast src={root} {dtype} shape={fmt_shape(shape)}"
             if not _attempt(label, problems, lambda: dist.broadcast(t, src=root)):
                 return
@@ -473,7 +483,7 @@ def _cc_send_recv(ctx, device, dtype, problems):
         return
     rank = ctx.rank
     for shape in P2P_SHAPES:
-        mine = gen(("cuda p2p", shape), rank, shape, dtype).to(device)
+        mine = gen(("cuda p2p", shape), rank, shape, dtype).to(device, copy=True)
         buf = torch.zeros(shape, dtype=dtype_of(dtype), device=device)
         label = f"send/recv {rank}<->{peer} {dtype} shape={fmt_shape(shape)}"
 
@@ -497,7 +507,7 @@ def _cc_isend_irecv(ctx, device, dtype, problems):
         return
     rank = ctx.rank
     for shape in P2P_SHAPES:
-        mine = gen(("cuda ip2p", shape), rank, shape, dtype).to(device)
+        mine = gen(("cuda ip2p", shape), rank, shape, dtype).to(device, copy=True)
         buf = torch.zeros(shape, dtype=dtype_of(dtype), device=device)
         label = f"isend/irecv {rank}<->{peer} {dtype} shape={fmt_shape(shape)}"
 
@@ -517,8 +527,8 @@ def _cc_batch_isend_irecv(ctx, device, dtype, problems):
     n, rank = ctx.world_size, ctx.rank
     nxt, prv = (rank + 1) % n, (rank - 1) % n
     for shape in [(0,), (5,), (4099,), (1 << 20,)]:
-        to_next = gen(("cuda batch fwd", shape), rank, shape, dtype).to(device)
-        to_prev = gen(("cuda batch bwd", shape), rank, shape, dtype).to(device)
+        to_next = gen(("cuda batch fwd", shape), rank, shape, dtype).to(device, copy=True)
+        to_prev = gen(("cuda batch bwd", shape), rank, shape, dtype).to(device, copy=True)
         from_prev = torch.zeros(shape, dtype=dtype_of(dtype), device=device)
         from_next = torch.zeros(shape, dtype=dtype_of(dtype), device=device)
         ops = [dist.P2POp(dist.isend, to_next, nxt), dist.P2POp(dist.irecv, from_prev, prv),
@@ -567,7 +577,7 @@ def _case_cuda_collective(ctx, name, dtype):
     device = _on_shared_gpu(ctx)
     problems: list = []
     CUDA_COLLECTIVES[name](ctx, device, dtype, problems)
-    torch.cuda.synchronize()
+    _synchronize(device)
     return problems
 
 
@@ -604,7 +614,7 @@ def _case_cuda_sizes_and_transposed(ctx, collective):
         what = f"transposed {TRANSPOSED[1]}x{TRANSPOSED[0]}" if transposed else f"count={shape[0]}"
         if collective == "all_reduce":
             inputs = gen_all(("cuda big allreduce", shape), n, shape, "float32")
-            t = view(inputs[rank].to(device))
+            t = view(inputs[rank].to(device, copy=True))
             if transposed and t.is_contiguous():
                 problems.append("the transposed view is contiguous: the test does not test it")
             label = f"all_reduce float32 {what}"
@@ -613,13 +623,13 @@ def _case_cuda_sizes_and_transposed(ctx, collective):
             problems += check_reduction(t.cpu(), [view(x) for x in inputs], "SUM", label)
             continue
         for root in sorted({0, n - 1}):
-            t = view(gen(("cuda big bcast", shape, root), rank, shape, "float32").to(device))
+            t = view(gen(("cuda big bcast", shape, root), rank, shape, "float32").to(device, copy=True))
             label = f"broadcast src={root} float32 {what}"
             if not _attempt(label, problems, lambda: dist.broadcast(t, src=root)):
                 return problems
             problems += compare(t.cpu(), view(gen(("cuda big bcast", shape, root), root, shape, "float32")),
                                 None, label)
-    torch.cuda.synchronize()
+    _synchronize(device)
     return problems
 
 
@@ -696,7 +706,7 @@ def _case_stream_semantics(ctx, collective, how):
                             f"after {how}")
             break
         time.sleep(0.005)
-    torch.cuda.synchronize()
+    _synchronize(device)
     return problems
 
 
@@ -727,7 +737,7 @@ def _case_caching_allocator(ctx):
     n, rank = ctx.world_size, ctx.rank
     problems = []
     inputs = gen_all("cuda allocator", n, (ALLOCATOR_COUNT,), "float32")
-    t = inputs[rank].to(device)
+    t = inputs[rank].to(device, copy=True)
     torch.cuda._sleep(50_000_000)
     work = dist.all_reduce(t, async_op=True)
     del t
@@ -780,12 +790,13 @@ def _case_ddp_on_cuda(ctx):
     # TF32 convolutions and matmuls would differ from the float32 CPU reference by ~1e-3.
     torch.backends.cudnn.allow_tf32 = False
     torch.backends.cuda.matmul.allow_tf32 = False
-    model = DistributedDataParallel(test_ddp._model().to(device), device_ids=[device.index])
+    model = DistributedDataParallel(test_ddp._model().to(device),
+                                    device_ids=[device.index] if device.type == "cuda" else None)
     opt = torch.optim.SGD(model.parameters(), lr=test_ddp.LR, momentum=0.9)
     for step in range(test_ddp.STEPS):
         x, y = test_ddp._batch(ctx.rank, step)
         opt.zero_grad()
-        torch.nn.functional.cross_entropy(model(x.to(device)), y.to(device)).backward()
+        torch.nn.functional.cross_entropy(model(x.to(device, copy=True)), y.to(device, copy=True)).backward()
         opt.step()
     problems = []
     mine = [p.detach().cpu() for p in model.module.parameters()]
@@ -827,7 +838,7 @@ def _case_cuda_timeout(ctx):
     absent = n - 1
     t = torch.ones(4099, device=device)
     dist.all_reduce(t)  # with everybody: the group and its CUDA path are set up
-    torch.cuda.synchronize()
+    _synchronize(device)
     if rank == absent:
         time.sleep(CUDA_TIMEOUT_S + 2.5)  # until the others have timed out (they started together)
         return []
@@ -835,7 +846,7 @@ def _case_cuda_timeout(ctx):
     try:
         work = dist.all_reduce(t, async_op=True)
         work.wait()
-        torch.cuda.current_stream().synchronize()
+        _synchronize(device)
     except Exception as error:  # noqa: BLE001 - what we are here to look at
         elapsed = time.monotonic() - started
         message = str(error)

@@ -53,6 +53,8 @@ def group_config(values: dict, size: int, hosts: list[str], address: str = "127.
     config.torus_inner = values["torus_inner"]
     config.hosts = [sorted(set(hosts)).index(h) for h in hosts]
     config.log_level = _LOG_LEVELS[values["log_level"]]
+    config.device_stall_ms = max(1, round(values["device_stall_timeout"] * 1000))
+    config.host_device = values["host_device"]
     return config, grid, transport, tables, tuned
 
 

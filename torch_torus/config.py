@@ -170,6 +170,33 @@ def render_rules(rules: tuple[Rule, ...]) -> str:
     return ";".join(str(r) for r in rules) or "auto"
 
 
+# The most a device phase may be given to stall: a day, far beyond any collective worth waiting for.
+MAX_STALL_SECONDS = 86400.0
+
+
+def _stall_bound(text: str) -> float:
+    value = parse_duration(text)
+    if not 0.001 <= value <= MAX_STALL_SECONDS:
+        raise ValueError(f"must be from 1ms to {MAX_STALL_SECONDS:g}s")
+    return value
+
+
+def parse_host_device(text: str) -> str:
+    """'off', 'on', or a fault for tests: 'stall:<step>' (the ready or done event, or every device
+    phase whose step names contain <step>) or 'fail:enter'."""
+    value = str(text).strip()
+    kind, _, step = value.partition(":")
+    kind = kind.lower()
+    if kind in ("off", "on") and not step:
+        return kind
+    if kind == "fail" and step == "enter":
+        return value
+    if kind == "stall" and step.strip() and step.isprintable() and step.isascii():
+        return f"stall:{step}"
+    raise ValueError("allowed: off, on, stall:<step> (ready, done, or part of a device phase's name, "
+                     "such as 'copy into the arena'), fail:enter")
+
+
 def parse_dims(text: str) -> tuple[int, int] | None:
     """'' -> None (automatic); 'RxC' -> (R, C)."""
     text = str(text).strip().lower()
@@ -311,10 +338,31 @@ SETTINGS: tuple[Setting, ...] = (
         render_duration,
     ),
     Setting(
+        "TORUS_DEVICE_STALL_TIMEOUT",
+        "30s",
+        _stall_bound,
+        "How long one phase of a collective on device tensors (the wait for the caller's stream, the "
+        "arena exchange, an arena round's copy, barrier or reduction, a staging copy, the done event) "
+        "may wait before it fails, naming the phase, its round and peer, and the rank; with "
+        "TORUS_LOG_LEVEL=debug, a Work.wait() that has not returned half this long after its "
+        "collective completed is reported.",
+        render_duration,
+    ),
+    Setting(
+        "TORUS_HOST_DEVICE",
+        "off",
+        parse_host_device,
+        "For testing the device path without a GPU: on runs collectives on CPU tensors through the "
+        "host implementation of the device layer (CPU memory as device memory, arenas in POSIX "
+        "shared memory), exactly as CUDA tensors run on a GPU; stall:<step> and fail:enter add a "
+        "fault. off: CPU tensors take the host path.",
+    ),
+    Setting(
         "TORUS_LOG_LEVEL",
         "warn",
         _one_of(LOG_LEVELS),
-        "warn: errors only; info: one line per group at creation; debug: one line per collective.",
+        "warn: errors only; info: one line per group at creation, and each rank's device arenas; "
+        "debug: one line per collective (and its device route).",
     ),
 )
 

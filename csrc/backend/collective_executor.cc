@@ -6,8 +6,9 @@
 namespace torus {
 
 CollectiveExecutor::CollectiveExecutor(int rank, int size, std::string groupName, int logLevel,
-                                       std::shared_ptr<Transport> transport, Comm& comm,
-                                       std::shared_ptr<ArrivalBoard> arrivals, std::shared_ptr<GroupFailure> failure)
+                                       std::chrono::milliseconds stallBound, std::shared_ptr<Transport> transport,
+                                       Comm& comm, std::shared_ptr<ArrivalBoard> arrivals,
+                                       std::shared_ptr<GroupFailure> failure)
     : rank_(rank),
       label_(std::make_shared<const GroupLabel>(GroupLabel{rank, size, std::move(groupName)})),
       logLevel_(logLevel),
@@ -15,6 +16,7 @@ CollectiveExecutor::CollectiveExecutor(int rank, int size, std::string groupName
       comm_(comm),
       arrivals_(std::move(arrivals)),
       failure_(std::move(failure)),
+      watch_(logLevel >= 2 ? std::make_shared<WaitWatch>(rank, stallBound / 2) : nullptr),
       worker_(&CollectiveExecutor::runWorker, this) {
   comm_.setFailureHandler([this](std::exception_ptr raised) { failRunning(raised); });
 }
@@ -38,8 +40,8 @@ c10::intrusive_ptr<c10d::Work> CollectiveExecutor::enqueue(const CallDescription
   TORUS_CHECK(!stopping_, title, " called on a process group that has been shut down or aborted");
   const uint64_t seq = ++issued_;
   auto work = c10::make_intrusive<TorusWork>(rank_, call.type, title, std::move(outputs), seq, std::move(inputs),
-                                            label_, arrivals_, device);
-  Job job{work, seq, title, timeout, call.signature(), std::move(body), std::move(device)};
+                                            label_, arrivals_, device, watch_);
+  Job job{work, seq, title, timeout, call.signature(), std::move(body), std::move(device), nullptr};
   if (mayRunHere && !job.device && claimIfIdle()) {
     lock.unlock();
     execute(job);
@@ -59,7 +61,7 @@ bool CollectiveExecutor::runHereIfIdle(const CallDescription& call, std::chrono:
   if (!claimIfIdle()) {
     return false;
   }
-  Job job{nullptr, ++issued_, title, timeout, call.signature(), std::move(body), nullptr};
+  Job job{nullptr, ++issued_, title, timeout, call.signature(), std::move(body), nullptr, nullptr};
   lock.unlock();
   std::exception_ptr error = attempt(job);
   releaseCallingThread();
@@ -117,26 +119,15 @@ void CollectiveExecutor::runWorker() {
 }
 
 void CollectiveExecutor::execute(Job& job) {
-  // A device call's stream stays current until the work is completed, so that its CUDA-aware
-  // future records its events there.
-  std::shared_ptr<void> deviceScope;
-  std::exception_ptr error;
-  try {
-    if (job.device) {
-      deviceScope = job.device->enter();
-    }
-  } catch (...) {
-    error = asTorchError(std::current_exception(), contextOf(job));
-  }
-  if (!error) {
-    error = attempt(job);
-  }
+  std::exception_ptr error = attempt(job);
   if (error) {
     job.work->fail(error);
   } else {
     job.work->complete();
   }
-  deviceScope.reset();
+  // A device call's stream stays current until the work is completed, so that its CUDA-aware
+  // future records its events there.
+  job.deviceScope.reset();
 }
 
 std::exception_ptr CollectiveExecutor::attempt(Job& job) {
@@ -167,6 +158,11 @@ std::exception_ptr CollectiveExecutor::run(Job& job) {
     comm_.setDeadline(Clock::now() + job.timeout);
     recentCalls_[seq % recentCalls_.size()] = {seq, job.call};
     arrivals_->entered(seq, job.timeout);
+    // Inside the job's failure handling: a rank that cannot enter fails the group, as any failure
+    // of a job does, rather than leave its peers waiting for its messages.
+    if (job.device) {
+      job.deviceScope = job.device->enter();
+    }
     job.body(comm_, job.device.get());
     if (auto stray = transport_->strayMessage(seq)) {
       const auto& [callSeq, call] = recentCalls_[stray->tag % recentCalls_.size()];
@@ -178,11 +174,28 @@ std::exception_ptr CollectiveExecutor::run(Job& job) {
       job.device->recordDone();
     }
   } catch (...) {
-    failRunning(std::current_exception());
+    failRunning(withReadyEvent(job, std::current_exception()));
   }
   arrivals_->left();
   running_ = nullptr;
   return runningFailure_ ? runningFailure_->error : nullptr;
+}
+
+std::exception_ptr CollectiveExecutor::withReadyEvent(const Job& job, std::exception_ptr raised) {
+  if (!job.device) {
+    return raised;
+  }
+  try {
+    std::rethrow_exception(raised);
+  } catch (const CommError& e) {
+    if (e.kind() == CommError::Kind::kTimeout && !job.device->readyReached()) {
+      return std::make_exception_ptr(
+          CommError(e.kind(), std::string(e.what()) + "; the caller's stream had not reached the collective's ready "
+                                                      "event: work queued on it before the collective had not finished"));
+    }
+  } catch (...) {
+  }
+  return raised;
 }
 
 void CollectiveExecutor::failRunning(std::exception_ptr raised) {
@@ -237,7 +250,8 @@ std::string CollectiveExecutor::explain(const CommError& error, uint64_t seq,
            std::to_string(mismatch.peer) + " called " + describeCall(mismatch.theirs);
   }
   std::string what = error.what();
-  if (error.kind() == CommError::Kind::kTimeout) {
+  // A device phase's stall says its own bound; other timeouts are the collective's.
+  if (error.kind() == CommError::Kind::kTimeout && what.rfind(kStalledIn, 0) != 0) {
     what += timeoutExpired(timeout);
     if (auto missing = arrivals_->describeMissing(seq); !missing.empty()) {
       what += "; " + missing;

@@ -34,9 +34,12 @@ class CollectiveExecutor {
   // tensors) whose stream is current meanwhile.
   using Body = std::function<void(Comm&, DeviceCall*)>;
 
-  // Runs jobs on `comm`, whose transport it aborts when a job fails.
-  CollectiveExecutor(int rank, int size, std::string groupName, int logLevel, std::shared_ptr<Transport> transport,
-                     Comm& comm, std::shared_ptr<ArrivalBoard> arrivals, std::shared_ptr<GroupFailure> failure);
+  // Runs jobs on `comm`, whose transport it aborts when a job fails. `stallBound`: the device
+  // phases' bound (TORUS_DEVICE_STALL_TIMEOUT); at logLevel 2 (debug) a wait() that has not
+  // returned half of it after its collective completed is reported.
+  CollectiveExecutor(int rank, int size, std::string groupName, int logLevel, std::chrono::milliseconds stallBound,
+                     std::shared_ptr<Transport> transport, Comm& comm, std::shared_ptr<ArrivalBoard> arrivals,
+                     std::shared_ptr<GroupFailure> failure);
   ~CollectiveExecutor();
 
   // Queues `body`; the returned work completes with `outputs`. Every message of the call carries
@@ -64,6 +67,8 @@ class CollectiveExecutor {
     CallSignature call;
     Body body;
     std::shared_ptr<DeviceCall> device;
+    // The device call's scope (its stream current), from enter() until the work is completed.
+    std::shared_ptr<void> deviceScope;
   };
   // A job's failure: the error its work gets, and the text the group records and its peers are
   // told.
@@ -80,8 +85,12 @@ class CollectiveExecutor {
   bool claimIfIdle();
   // After a job ran on a calling thread: the worker takes calls queued meanwhile.
   void releaseCallingThread();
-  // Runs one job; the error for its work, or null when it succeeded.
+  // Runs one job (a device job inside its device scope, which it enters first); the error for its
+  // work, or null when it succeeded.
   std::exception_ptr run(Job& job);
+  // A device job's stall, with what the ready event says: the caller's stream may never have
+  // reached the point the collective was issued at.
+  static std::exception_ptr withReadyEvent(const Job& job, std::exception_ptr raised);
   // "torus:all_reduce:ring #7 (rank 0 of 4, group '0')"
   std::string contextOf(const Job& job) const;
   // Fails the running job for `raised`, once: records it for the group and aborts the transport.
@@ -101,6 +110,8 @@ class CollectiveExecutor {
   Comm& comm_;
   std::shared_ptr<ArrivalBoard> arrivals_;
   std::shared_ptr<GroupFailure> failure_;
+  // Debug mode only.
+  std::shared_ptr<WaitWatch> watch_;
 
   std::mutex mutex_;
   std::condition_variable queueChanged_;

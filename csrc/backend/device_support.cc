@@ -1,6 +1,7 @@
 #include "backend/device_support.h"
 
 #include "backend/tensor_checks.h"
+#include "backend/host_device/host_device_support.h"
 #ifdef TORUS_WITH_CUDA
 #include "backend/cuda/cuda_device_support.h"
 #endif
@@ -36,12 +37,16 @@ class HostOnly : public DeviceSupport {
 
 } // namespace
 
-std::unique_ptr<DeviceSupport> DeviceSupport::create() {
+std::unique_ptr<DeviceSupport> DeviceSupport::create(const DeviceOptions& options) {
 #ifdef TORUS_WITH_CUDA
-  return makeCudaDeviceSupport();
+  std::unique_ptr<DeviceSupport> devices = makeCudaDeviceSupport(options);
 #else
-  return std::make_unique<HostOnly>();
+  std::unique_ptr<DeviceSupport> devices = std::make_unique<HostOnly>();
 #endif
+  if (options.hostDevice != "off") {
+    return makeHostDeviceSupport(options, std::move(devices));
+  }
+  return devices;
 }
 
 } // namespace torus

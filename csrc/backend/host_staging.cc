@@ -3,11 +3,11 @@
 namespace torus {
 
 at::Tensor HostStaging::pinnedLike(const at::Tensor& tensor) {
-  return at::empty(tensor.sizes(), tensor.options().device(at::kCPU).pinned_memory(true));
+  return at::empty(tensor.sizes(), tensor.options().device(at::kCPU).pinned_memory(!tensor.device().is_cpu()));
 }
 
 at::Tensor HostStaging::input(const at::Tensor& tensor) {
-  if (tensor.device().is_cpu()) {
+  if (!staged(tensor)) {
     return tensor;
   }
   at::Tensor host = pinnedLike(tensor);
@@ -16,7 +16,7 @@ at::Tensor HostStaging::input(const at::Tensor& tensor) {
 }
 
 at::Tensor HostStaging::output(const at::Tensor& tensor) {
-  if (tensor.device().is_cpu()) {
+  if (!staged(tensor)) {
     return tensor;
   }
   at::Tensor host = pinnedLike(tensor);
@@ -25,7 +25,7 @@ at::Tensor HostStaging::output(const at::Tensor& tensor) {
 }
 
 at::Tensor HostStaging::inputOutput(const at::Tensor& tensor) {
-  if (tensor.device().is_cpu()) {
+  if (!staged(tensor)) {
     return tensor;
   }
   at::Tensor host = pinnedLike(tensor);
@@ -35,19 +35,19 @@ at::Tensor HostStaging::inputOutput(const at::Tensor& tensor) {
 }
 
 std::vector<at::Tensor> HostStaging::inputs(const std::vector<at::Tensor>& tensors) {
-  std::vector<at::Tensor> staged;
+  std::vector<at::Tensor> copies;
   for (const auto& t : tensors) {
-    staged.push_back(input(t));
+    copies.push_back(input(t));
   }
-  return staged;
+  return copies;
 }
 
 std::vector<at::Tensor> HostStaging::outputs(const std::vector<at::Tensor>& tensors) {
-  std::vector<at::Tensor> staged;
+  std::vector<at::Tensor> copies;
   for (const auto& t : tensors) {
-    staged.push_back(output(t));
+    copies.push_back(output(t));
   }
-  return staged;
+  return copies;
 }
 
 void HostStaging::copyIn(DeviceCall* device, Deadline deadline) {
@@ -57,7 +57,7 @@ void HostStaging::copyIn(DeviceCall* device, Deadline deadline) {
   for (auto& [onDevice, host] : inputs_) {
     host.copy_(onDevice, /*non_blocking=*/true);
   }
-  device->path().synchronize(deadline);
+  device->path().synchronize(deadline, {"host staging copies of the inputs"});
 }
 
 void HostStaging::copyOut(DeviceCall* device) {

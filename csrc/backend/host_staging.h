@@ -2,7 +2,8 @@
 // on them (gather, scatter, broadcast, all_to_all, coalesced all_gather): the entry point swaps
 // each device tensor for a pinned host tensor of its shape, the job copies the inputs down
 // before it runs the host algorithm and the outputs up after, all on the call's communication
-// stream. CPU tensors pass through untouched, so one body serves both.
+// stream. CPU tensors pass through untouched, so one body serves both; under the host device
+// layer they are staged too, as device tensors are.
 #pragma once
 
 #include <utility>
@@ -16,6 +17,9 @@ namespace torus {
 
 class HostStaging {
  public:
+  // `stageCpu`: CPU tensors are the device's (the host device layer) and get host copies too.
+  explicit HostStaging(bool stageCpu) : stageCpu_(stageCpu) {}
+
   // The tensor itself on the CPU; for a device tensor, a pinned host tensor of its shape that
   // holds its values once copyIn has run.
   at::Tensor input(const at::Tensor& tensor);
@@ -34,7 +38,11 @@ class HostStaging {
   void copyOut(DeviceCall* device);
 
  private:
+  bool staged(const at::Tensor& tensor) const {
+    return stageCpu_ || !tensor.device().is_cpu();
+  }
   static at::Tensor pinnedLike(const at::Tensor& tensor);
+  const bool stageCpu_;
   // (device tensor, host copy)
   std::vector<std::pair<at::Tensor, at::Tensor>> inputs_;
   std::vector<std::pair<at::Tensor, at::Tensor>> outputs_;

@@ -69,7 +69,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupTorus::alltoall_base(at::Tensor& outp
                   " in its output (output_split_sizes[", rank_, "])");
   // Totals may differ by rank (split sizes); each message's size is checked on arrival.
   const CallDescription call{c10d::OpType::ALLTOALL_BASE, input.scalar_type()};
-  auto staging = std::make_shared<HostStaging>();
+  auto staging = std::make_shared<HostStaging>(devices_->stagesCpuTensors());
   at::Tensor hostInput = staging->input(input);
   at::Tensor hostOutput = staging->output(output);
   return submit(call, {output}, {input}, opts,
@@ -108,7 +108,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupTorus::alltoall(std::vector<at::Tenso
                   sent.lengths[rank_], " bytes but output_tensor_list[", rank_, "] has ", received.lengths[rank_],
                   " (this rank's own block is copied, so they must match)");
   const CallDescription call{c10d::OpType::ALLTOALL, inputs[0].scalar_type()};
-  auto staging = std::make_shared<HostStaging>();
+  auto staging = std::make_shared<HostStaging>(devices_->stagesCpuTensors());
   std::vector<at::Tensor> hostInputs = staging->inputs(inputs);
   std::vector<at::Tensor> hostOutputs = staging->outputs(outputs);
   return submit(call, outputs, inputs, opts,

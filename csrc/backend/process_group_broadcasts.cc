@@ -18,7 +18,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupTorus::broadcast(std::vector<at::Tens
   const Algorithm algorithm = dispatch_.algorithmFor("broadcast", bytesOf(tensor));
   const CallDescription call{c10d::OpType::BROADCAST, tensor.scalar_type(), bytesOf(tensor), std::nullopt, root,
                              algorithm};
-  auto staging = std::make_shared<HostStaging>();
+  auto staging = std::make_shared<HostStaging>(devices_->stagesCpuTensors());
   at::Tensor host = staging->inputOutput(tensor);
   return submit(call, {tensor}, {tensor}, opts,
                 [this, staging, host, root, algorithm](Comm& comm, DeviceCall* device) mutable {
@@ -41,7 +41,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupTorus::scatter(std::vector<at::Tensor
   std::vector<at::Tensor> inputList = checkRootList(
       inputs, {"scatter", "scatter_list", "input list", "src", "the output tensor", false}, rank_, root, size_, output);
   const CallDescription call{c10d::OpType::SCATTER, output.scalar_type(), bytesOf(output), std::nullopt, root};
-  auto staging = std::make_shared<HostStaging>();
+  auto staging = std::make_shared<HostStaging>(devices_->stagesCpuTensors());
   at::Tensor hostOutput = staging->output(output);
   std::vector<at::Tensor> hostInputs = staging->inputs(inputList);
   return submit(call, {output}, inputList, opts,

@@ -93,7 +93,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupTorus::allgather_coalesced(std::vecto
     }
   }
   const CallDescription call{c10d::OpType::ALLGATHER_COALESCED, at::kByte, totalBytesOf(inputs)};
-  auto staging = std::make_shared<HostStaging>();
+  auto staging = std::make_shared<HostStaging>(devices_->stagesCpuTensors());
   std::vector<at::Tensor> hostInputs = staging->inputs(inputs);
   std::vector<std::vector<at::Tensor>> hostOutputLists;
   for (const auto& list : outputLists) {
@@ -131,7 +131,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupTorus::allgather_into_tensor_coalesce
                     ") and world size (", size_, ") x its elements (", inputs[j].numel(), ")");
   }
   const CallDescription call{c10d::OpType::COALESCED, at::kByte, totalBytesOf(inputs)};
-  auto staging = std::make_shared<HostStaging>();
+  auto staging = std::make_shared<HostStaging>(devices_->stagesCpuTensors());
   std::vector<at::Tensor> hostInputs = staging->inputs(inputs);
   std::vector<at::Tensor> hostOutputs = staging->outputs(outputs);
   return submit(call, outputs, inputs, opts,
@@ -164,7 +164,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupTorus::gather(std::vector<std::vector
   std::vector<at::Tensor> outputList = checkRootList(
       outputs, {"gather", "gather_list", "output list", "dst", "the input tensor", true}, rank_, root, size_, input);
   const CallDescription call{c10d::OpType::GATHER, input.scalar_type(), bytesOf(input), std::nullopt, root};
-  auto staging = std::make_shared<HostStaging>();
+  auto staging = std::make_shared<HostStaging>(devices_->stagesCpuTensors());
   at::Tensor hostInput = staging->input(input);
   std::vector<at::Tensor> hostOutputs = staging->outputs(outputList);
   return submit(call, outputList, {input}, opts,

@@ -25,8 +25,15 @@ ProcessGroupTorus::ProcessGroupTorus(const c10::intrusive_ptr<c10d::Store>& stor
   comm_ = std::make_unique<Comm>(transport_, std::move(members), rank, traffic_);
   const SharedMemory* shm = comm_->sharedMemory();
   dispatch_.setSharedMemory(shm != nullptr, shm != nullptr && shm->singleCopy());
-  devices_ = DeviceSupport::create();
-  executor_ = std::make_unique<CollectiveExecutor>(rank, size, groupName_, config_.logLevel, transport_, *comm_,
+  DeviceOptions device;
+  device.rank = rank;
+  device.hosts = config_.hosts;
+  device.logLevel = config_.logLevel;
+  device.stallBound = std::chrono::milliseconds(config_.deviceStallMs);
+  device.hostDevice = config_.hostDevice;
+  devices_ = DeviceSupport::create(device);
+  executor_ = std::make_unique<CollectiveExecutor>(rank, size, groupName_, config_.logLevel, device.stallBound,
+                                                   transport_, *comm_,
                                                    std::make_shared<ArrivalBoard>(store, rank, size), failure_);
   direct_ = std::make_unique<DirectRegistration>(groupName_, this);
   if (config_.logLevel >= 1 && rank == 0) {

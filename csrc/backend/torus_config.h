@@ -45,6 +45,10 @@ struct TorusConfig {
   std::vector<int> hosts;
   // 0 warn, 1 info, 2 debug.
   int logLevel = 0;
+  // How long one phase of a device collective may wait (TORUS_DEVICE_STALL_TIMEOUT), ms.
+  int64_t deviceStallMs = 30000;
+  // TORUS_HOST_DEVICE: "off", "on", "stall:<step>" or "fail:enter" (DeviceOptions::hostDevice).
+  std::string hostDevice = "off";
 };
 
 } // namespace torus

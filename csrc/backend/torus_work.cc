@@ -69,17 +69,19 @@ void GroupFailure::throwIfFailed(const std::string& context) const {
 TorusWork::TorusWork(int rank, c10d::OpType opType, const char* profilingTitle, std::vector<at::Tensor> outputs,
                      uint64_t seq, const std::optional<std::vector<at::Tensor>>& inputs,
                      std::shared_ptr<const GroupLabel> label, std::shared_ptr<const ArrivalBoard> arrivals,
-                     std::shared_ptr<DeviceCall> device)
+                     std::shared_ptr<DeviceCall> device, std::shared_ptr<WaitWatch> watch)
     : c10d::Work(rank, opType, profilingTitle, inputs),
       outputs_(std::move(outputs)),
-      future_(device ? makeTensorListFuture({device->device()}) : makeTensorListFuture()),
+      future_(device ? makeTensorListFuture(device->futureDevices()) : makeTensorListFuture()),
       seq_(seq),
       title_(profilingTitle),
       label_(std::move(label)),
       arrivals_(std::move(arrivals)),
-      device_(std::move(device)) {}
+      device_(std::move(device)),
+      watch_(std::move(watch)) {}
 
 bool TorusWork::wait(std::chrono::milliseconds timeout) {
+  WaitWatch::Waiting watched(watch_.get(), [this] { return label_->context(title_, seq_); }, finishedAt_);
   const auto spinUntil = Clock::now() + kSpinBeforeSleep;
   while (!done_.load(std::memory_order_acquire) && Clock::now() < spinUntil) {
     std::this_thread::yield();
@@ -95,34 +97,42 @@ bool TorusWork::wait(std::chrono::milliseconds timeout) {
       C10_THROW_ERROR(DistBackendError, what + " (the collective goes on, bounded by its own timeout)");
     }
   }
-  c10d::Work::wait(kNoTimeout);
-  synchronize();
-  return true;
+  // Waits for completion, raises the job's error, and calls synchronize() (with the lock held).
+  return c10d::Work::wait(kNoTimeout);
 }
 
 bool TorusWork::isCompleted() {
-  if (!c10d::Work::isCompleted()) {
+  if (!done_.load(std::memory_order_acquire)) {
     return false;
   }
-  return !device_ || exception() || device_->deviceDone();
+  return !device_ || failed_.load(std::memory_order_acquire) || device_->deviceDone();
 }
 
 void TorusWork::synchronize() {
-  if (device_ && done_.load(std::memory_order_acquire) && !exception()) {
+  if (!device_ || !done_.load(std::memory_order_acquire) || failed_.load(std::memory_order_acquire)) {
+    return;
+  }
+  try {
     device_->blockCurrentStream();
+  } catch (const CommError& e) {
+    C10_THROW_ERROR(DistBackendError, label_->context(title_, seq_) + ": " + e.what());
   }
 }
 
 void TorusWork::complete() {
+  finishedAt_.store(Clock::now().time_since_epoch().count(), std::memory_order_release);
   future_->markCompleted(c10::IValue(outputs_));
-  finish();
+  // Before finish(), which lets wait() return: is_completed() is true once wait() has returned.
   done_.store(true, std::memory_order_release);
+  finish();
 }
 
 void TorusWork::fail(std::exception_ptr error) {
+  finishedAt_.store(Clock::now().time_since_epoch().count(), std::memory_order_release);
+  failed_.store(true, std::memory_order_release);
   future_->setError(error);
-  finish(error);
   done_.store(true, std::memory_order_release);
+  finish(error);
 }
 
 TorusP2PWork::TorusP2PWork(int rank, c10d::OpType opType, const char* profilingTitle,

@@ -15,6 +15,7 @@
 
 #include "backend/arrival_board.h"
 #include "backend/device_support.h"
+#include "backend/wait_watch.h"
 #include "transport/transport.h"
 
 namespace torus {
@@ -61,14 +62,18 @@ struct GroupLabel {
   std::string context(const char* title, uint64_t seq) const;
 };
 
+// Collectives' works. torch calls synchronize() with the Work's lock held (from Work::wait) and
+// takes it in exception(), finish() and the base isCompleted(): so none of the overrides here
+// calls anything that takes that lock; they read done_ and failed_, flags of their own.
 class TorusWork : public c10d::Work {
  public:
-  // `device`: the call's device side, or null for CPU tensors; with one, the future is CUDA-aware
-  // and wait() orders the caller's current stream after the job.
+  // `device`: the call's device side, or null for CPU tensors; with one, the future is aware of
+  // its devices and wait() orders the caller's current stream after the job. `watch`: the
+  // debug mode's report of waits that do not return (null: off).
   TorusWork(int rank, c10d::OpType opType, const char* profilingTitle, std::vector<at::Tensor> outputs,
             uint64_t seq, const std::optional<std::vector<at::Tensor>>& inputs,
             std::shared_ptr<const GroupLabel> label, std::shared_ptr<const ArrivalBoard> arrivals,
-            std::shared_ptr<DeviceCall> device);
+            std::shared_ptr<DeviceCall> device, std::shared_ptr<WaitWatch> watch);
 
   std::vector<at::Tensor> result() override {
     return outputs_;
@@ -86,7 +91,9 @@ class TorusWork : public c10d::Work {
   bool wait(std::chrono::milliseconds timeout) override;
   // Device calls: done on the host and on the device.
   bool isCompleted() override;
-  // Device calls: the current stream waits for the job (Work.synchronize()).
+  // Device calls that succeeded: the current stream waits for the job (Work.synchronize(), and
+  // Work::wait with the Work's lock held). A host wait that passes the stall bound raises
+  // DistBackendError naming the collective.
   void synchronize() override;
 
   // Called once by the worker thread.
@@ -101,7 +108,11 @@ class TorusWork : public c10d::Work {
   const std::shared_ptr<const GroupLabel> label_;
   const std::shared_ptr<const ArrivalBoard> arrivals_;
   const std::shared_ptr<DeviceCall> device_;
+  const std::shared_ptr<WaitWatch> watch_;
   std::atomic<bool> done_{false};
+  std::atomic<bool> failed_{false};
+  // When the job completed or failed (steady clock, ns), for the debug mode's report.
+  std::atomic<int64_t> finishedAt_{0};
 };
 
 class TorusP2PWork : public c10d::Work {

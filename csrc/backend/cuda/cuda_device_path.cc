@@ -11,7 +11,8 @@
 
 namespace torus {
 
-CudaDevicePath::CudaDevicePath(int device, c10::cuda::CUDAStream stream) : device_(device), stream_(stream) {
+CudaDevicePath::CudaDevicePath(int device, c10::cuda::CUDAStream stream, std::chrono::milliseconds stallBound)
+    : device_(device), stream_(stream), stallBound_(stallBound) {
   c10::cuda::CUDAGuard guard(static_cast<c10::DeviceIndex>(device_));
   C10_CUDA_CHECK(cudaEventCreateWithFlags(&reached_, cudaEventDisableTiming));
 }
@@ -43,8 +44,9 @@ void CudaDevicePath::reduce(const DeviceReduction& op, void* dst, const void* co
   cuda::reduceSourcesOnDevice(op.dtype, op.kind, dst, srcs, numSources, count, stream_.stream());
 }
 
-void CudaDevicePath::synchronize(Deadline deadline) {
+void CudaDevicePath::synchronize(Deadline deadline, const DevicePhase& phase) {
   C10_CUDA_CHECK(cudaEventRecord(reached_, stream_.stream()));
+  const Deadline bound = phaseDeadline(*this, deadline);
   // Spin briefly (device work of a chunk takes microseconds), then sleep in short steps so that
   // ranks sharing the host's cores keep running.
   const auto spinUntil = Clock::now() + kSpinBeforeSleep;
@@ -57,9 +59,13 @@ void CudaDevicePath::synchronize(Deadline deadline) {
       C10_CUDA_CHECK(state);
     }
     const auto now = Clock::now();
-    if (now >= deadline) {
-      throw CommError(CommError::Kind::kTimeout,
-                      "timed out waiting for the collective's work on cuda:" + std::to_string(device_));
+    if (now >= bound) {
+      const std::string where = phase.describe() + ": the work on cuda:" + std::to_string(device_) + " did not complete";
+      if (bound < deadline) {
+        throw CommError(CommError::Kind::kTimeout, kStalledIn + where + " within the stall bound of " +
+                                                       std::to_string(stallBound_.count()) + " ms");
+      }
+      throw CommError(CommError::Kind::kTimeout, "timed out in " + where);
     }
     if (now < spinUntil) {
       std::this_thread::yield();
@@ -69,13 +75,13 @@ void CudaDevicePath::synchronize(Deadline deadline) {
   }
 }
 
-char* CudaDevicePath::staging(StagingUse use, size_t nbytes) {
+char* CudaDevicePath::staging(StagingUse use, size_t nbytes, Deadline deadline) {
   Pinned& pinned = staging_[static_cast<size_t>(use)];
   if (nbytes <= pinned.bytes) {
     return pinned.data;
   }
   if (pinned.data != nullptr) {
-    C10_CUDA_CHECK(cudaStreamSynchronize(stream_.stream()));
+    synchronize(deadline, {"release of the staging buffer that grows"});
     C10_CUDA_CHECK(cudaFreeHost(pinned.data));
     pinned = Pinned{};
   }

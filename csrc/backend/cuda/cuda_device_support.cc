@@ -62,17 +62,19 @@ class CudaEvent {
 
 // One device of one group.
 struct CudaDeviceState {
-  explicit CudaDeviceState(int index)
+  CudaDeviceState(int index, const DeviceOptions& options)
       : device(index),
         stream(c10::cuda::getStreamFromPool(false, static_cast<c10::DeviceIndex>(index))),
-        path(index, stream) {}
+        path(index, stream, options.stallBound),
+        options(options) {}
 
   const int device;
   const c10::cuda::CUDAStream stream;
   CudaDevicePath path;
+  const DeviceOptions options;
   // Set up at the group's first call on this device that can use them; ranks that could not map
   // their host peers' arenas have none, and their calls take the staged route.
-  std::shared_ptr<CudaIpcArenas> arenas;
+  std::shared_ptr<SharedArenas> arenas;
   bool arenasSetUp = false;
 };
 
@@ -83,6 +85,9 @@ class CudaCall : public DeviceCall {
 
   c10::Device device() const override {
     return c10::Device(c10::kCUDA, static_cast<c10::DeviceIndex>(state_->device));
+  }
+  std::vector<c10::Device> futureDevices() const override {
+    return {device()};
   }
   DevicePath& path() override {
     return state_->path;
@@ -99,7 +104,9 @@ class CudaCall : public DeviceCall {
   void attachArenas(Comm& comm) override {
     // Only the worker thread touches the arenas.
     if (!state_->arenasSetUp) {
-      state_->arenas = CudaIpcArenas::exchange(comm, state_->device, kArenaBytes);
+      const DeviceOptions& options = state_->options;
+      state_->arenas = SharedArenas::exchange(comm, state_->path, options.hosts, makeCudaIpcMemory(state_->device),
+                                              kArenaBytes, options.logLevel);
       state_->arenasSetUp = true;
     }
     comm.attachDeviceArenas(state_->arenas);
@@ -111,6 +118,9 @@ class CudaCall : public DeviceCall {
   bool deviceDone() override {
     return done_.query();
   }
+  bool readyReached() override {
+    return ready_->query();
+  }
 
  private:
   std::shared_ptr<CudaDeviceState> state_;
@@ -120,6 +130,8 @@ class CudaCall : public DeviceCall {
 
 class CudaDeviceSupport : public DeviceSupport {
  public:
+  explicit CudaDeviceSupport(DeviceOptions options) : options_(std::move(options)) {}
+
   std::shared_ptr<DeviceCall> begin(const std::vector<at::Tensor>& outputs, const std::vector<at::Tensor>& inputs,
                                     const char* collective) override {
     const c10::Device device = deviceOfCall(outputs, inputs, collective);
@@ -145,19 +157,20 @@ class CudaDeviceSupport : public DeviceSupport {
     std::lock_guard<std::mutex> lock(mutex_);
     auto& state = states_[index];
     if (!state) {
-      state = std::make_shared<CudaDeviceState>(index);
+      state = std::make_shared<CudaDeviceState>(index, options_);
     }
     return state;
   }
 
+  const DeviceOptions options_;
   std::mutex mutex_;
   std::map<int, std::shared_ptr<CudaDeviceState>> states_;
 };
 
 } // namespace
 
-std::unique_ptr<DeviceSupport> makeCudaDeviceSupport() {
-  return std::make_unique<CudaDeviceSupport>();
+std::unique_ptr<DeviceSupport> makeCudaDeviceSupport(const DeviceOptions& options) {
+  return std::make_unique<CudaDeviceSupport>(options);
 }
 
 } // namespace torus

@@ -10,9 +10,6 @@
 
 namespace torus {
 
-// Each rank's IPC arena: two halves of 16 MiB, one round of an arena collective each.
-constexpr size_t kArenaBytes = size_t(32) << 20;
-
-std::unique_ptr<DeviceSupport> makeCudaDeviceSupport();
+std::unique_ptr<DeviceSupport> makeCudaDeviceSupport(const DeviceOptions& options);
 
 } // namespace torus

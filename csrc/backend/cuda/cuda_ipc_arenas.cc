@@ -1,107 +1,82 @@
 #include "backend/cuda/cuda_ipc_arenas.h"
 
-#include <unistd.h>
-
 #include <cstring>
-#include <fstream>
-#include <string>
+#include <vector>
 
 #include <c10/cuda/CUDAGuard.h>
 #include <cuda_runtime_api.h>
-
-#include "collectives/blocks.h"
-#include "collectives/ring_allgather.h"
 
 namespace torus {
 
 namespace {
 
-// What each rank tells the group about its arena: fixed size, so that the allgather's blocks
-// are equal.
-struct ArenaRecord {
-  char host[96]; // host name and boot id: ranks that can share device memory
-  cudaIpcMemHandle_t handle;
-  int32_t allocated;
-  int32_t pid;
+static_assert(sizeof(cudaIpcMemHandle_t) <= sizeof(ArenaHandle), "an IPC handle fits an ArenaHandle");
+
+// The text of a failed CUDA call, which is then cleared so that it is not left for torch's next
+// check to find.
+std::string cudaFailure(const char* call, cudaError_t error) {
+  cudaGetLastError();
+  return std::string(call) + ": " + cudaGetErrorString(error);
+}
+
+class CudaIpcMemory : public ArenaMemory {
+ public:
+  explicit CudaIpcMemory(int device) : device_(device) {}
+  ~CudaIpcMemory() override {
+    c10::cuda::CUDAGuard guard(static_cast<c10::DeviceIndex>(device_));
+    for (char* peer : opened_) {
+      cudaIpcCloseMemHandle(peer);
+    }
+    if (own_ != nullptr) {
+      cudaFree(own_);
+    }
+  }
+
+  std::string deviceName() const override {
+    return "cuda:" + std::to_string(device_);
+  }
+
+  char* allocate(size_t bytes, ArenaHandle& handle, std::string& why) override {
+    c10::cuda::CUDAGuard guard(static_cast<c10::DeviceIndex>(device_));
+    void* own = nullptr;
+    if (cudaError_t error = cudaMalloc(&own, bytes); error != cudaSuccess) {
+      why = cudaFailure("cudaMalloc", error);
+      return nullptr;
+    }
+    own_ = static_cast<char*>(own);
+    cudaIpcMemHandle_t ipc;
+    if (cudaError_t error = cudaIpcGetMemHandle(&ipc, own); error != cudaSuccess) {
+      why = cudaFailure("cudaIpcGetMemHandle", error);
+      return nullptr;
+    }
+    std::memcpy(handle.bytes, &ipc, sizeof(ipc));
+    return own_;
+  }
+
+  char* open(const ArenaHandle& handle, int rank, size_t bytes, std::string& why) override {
+    c10::cuda::CUDAGuard guard(static_cast<c10::DeviceIndex>(device_));
+    cudaIpcMemHandle_t ipc;
+    std::memcpy(&ipc, handle.bytes, sizeof(ipc));
+    void* opened = nullptr;
+    if (cudaError_t error = cudaIpcOpenMemHandle(&opened, ipc, cudaIpcMemLazyEnablePeerAccess);
+        error != cudaSuccess) {
+      why = cudaFailure("cudaIpcOpenMemHandle", error);
+      return nullptr;
+    }
+    opened_.push_back(static_cast<char*>(opened));
+    return static_cast<char*>(opened);
+  }
+
+ private:
+  const int device_;
+  char* own_ = nullptr;
+  std::vector<char*> opened_;
 };
-
-std::string hostIdentity() {
-  char name[64] = {};
-  gethostname(name, sizeof(name) - 1);
-  std::string boot;
-  std::ifstream("/proc/sys/kernel/random/boot_id") >> boot;
-  return std::string(name) + "/" + boot;
-}
-
-template <typename T>
-std::vector<T> allgatherRecords(Comm& group, const T& mine) {
-  std::vector<T> all(static_cast<size_t>(group.size()));
-  all[static_cast<size_t>(group.rank())] = mine;
-  ring_allgather(group, all.data(), evenBlocks(all.size() * sizeof(T), group.size()), 1, Chunking{});
-  return all;
-}
 
 } // namespace
 
-CudaIpcArenas::CudaIpcArenas(int device, size_t bytes, int size)
-    : device_(device), bytes_(bytes), arenas_(static_cast<size_t>(size), nullptr) {}
-
-CudaIpcArenas::~CudaIpcArenas() {
-  c10::cuda::CUDAGuard guard(static_cast<c10::DeviceIndex>(device_));
-  for (char* peer : opened_) {
-    cudaIpcCloseMemHandle(peer);
-  }
-  if (own_ != nullptr) {
-    cudaFree(own_);
-  }
-}
-
-char* CudaIpcArenas::arena(int transportRank) const {
-  return arenas_.at(static_cast<size_t>(transportRank));
-}
-
-std::shared_ptr<CudaIpcArenas> CudaIpcArenas::exchange(Comm& group, int device, size_t bytes) {
-  c10::cuda::CUDAGuard guard(static_cast<c10::DeviceIndex>(device));
-  std::shared_ptr<CudaIpcArenas> arenas(new CudaIpcArenas(device, bytes, group.size()));
-  const int self = group.rank();
-
-  ArenaRecord mine{};
-  std::strncpy(mine.host, hostIdentity().c_str(), sizeof(mine.host) - 1);
-  mine.pid = static_cast<int32_t>(getpid());
-  void* own = nullptr;
-  if (cudaMalloc(&own, bytes) == cudaSuccess) {
-    arenas->own_ = static_cast<char*>(own);
-    mine.allocated = cudaIpcGetMemHandle(&mine.handle, own) == cudaSuccess;
-  }
-  cudaGetLastError(); // a failure above is answered by `allocated`, not left for the next call
-  const std::vector<ArenaRecord> records = allgatherRecords(group, mine);
-
-  // This rank's arena counts only if it mapped every host peer's.
-  std::vector<char*> mapped(static_cast<size_t>(group.size()), nullptr);
-  int8_t complete = mine.allocated;
-  for (int r = 0; r < group.size() && complete; ++r) {
-    const ArenaRecord& peer = records[static_cast<size_t>(r)];
-    if (r == self || std::strncmp(peer.host, mine.host, sizeof(mine.host)) != 0) {
-      continue;
-    }
-    void* opened = nullptr;
-    if (!peer.allocated || peer.pid == mine.pid ||
-        cudaIpcOpenMemHandle(&opened, peer.handle, cudaIpcMemLazyEnablePeerAccess) != cudaSuccess) {
-      cudaGetLastError();
-      complete = 0;
-      break;
-    }
-    mapped[static_cast<size_t>(r)] = static_cast<char*>(opened);
-    arenas->opened_.push_back(static_cast<char*>(opened));
-  }
-  const std::vector<int8_t> completes = allgatherRecords(group, complete);
-  for (int r = 0; r < group.size(); ++r) {
-    const bool sameHost = std::strncmp(records[static_cast<size_t>(r)].host, mine.host, sizeof(mine.host)) == 0;
-    if (complete && completes[static_cast<size_t>(r)] && sameHost) {
-      arenas->arenas_[static_cast<size_t>(r)] = r == self ? arenas->own_ : mapped[static_cast<size_t>(r)];
-    }
-  }
-  return arenas;
+std::unique_ptr<ArenaMemory> makeCudaIpcMemory(int device) {
+  return std::make_unique<CudaIpcMemory>(device);
 }
 
 } // namespace torus

@@ -12,8 +12,8 @@
 
 #include <stdexcept>
 
-#include "collectives/barrier_dissemination.h"
 #include "collectives/device/arena_rounds.h"
+#include "collectives/device/device_barrier.h"
 
 namespace torus {
 
@@ -36,17 +36,18 @@ void arena_allgather(Comm& comm, DevicePath& path, void* buf, const Blocks& bloc
     if (const size_t count = rounds.piece(r, round)) {
       path.copy(view->arenas[r] + halfOffset, bytes + rounds.offset(r, round) * elementSize, count * elementSize);
     }
-    path.synchronize(comm.deadline());
-    barrier_dissemination(comm);
+    const auto step = static_cast<int64_t>(round);
+    path.synchronize(comm.deadline(), {"arena_allgather copy into the arena", step});
+    device_barrier(comm, path, {"arena_allgather barrier after the copy", step});
     for (int p = 0; p < n; ++p) {
       const size_t count = p == r ? 0 : rounds.piece(p, round);
       if (count > 0) {
         path.copy(bytes + rounds.offset(p, round) * elementSize, view->arenas[p] + halfOffset, count * elementSize);
       }
     }
-    path.synchronize(comm.deadline());
+    path.synchronize(comm.deadline(), {"arena_allgather copy from the arenas", step});
   }
-  barrier_dissemination(comm);
+  device_barrier(comm, path, {"arena_allgather closing barrier"});
 }
 
 } // namespace torus

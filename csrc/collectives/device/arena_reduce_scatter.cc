@@ -16,8 +16,8 @@
 #include <string>
 #include <vector>
 
-#include "collectives/barrier_dissemination.h"
 #include "collectives/device/arena_rounds.h"
+#include "collectives/device/device_barrier.h"
 
 namespace torus {
 
@@ -47,17 +47,18 @@ void arena_reduce_scatter(Comm& comm, DevicePath& path, const DeviceReduction& o
                   count * elementSize);
       }
     }
-    path.synchronize(comm.deadline());
-    barrier_dissemination(comm);
+    const auto step = static_cast<int64_t>(round);
+    path.synchronize(comm.deadline(), {"arena_reduce_scatter copy into the arena", step});
+    device_barrier(comm, path, {"arena_reduce_scatter barrier after the copy", step});
     if (const size_t count = rounds.piece(r, round)) {
       for (int p = 0; p < n; ++p) {
         sources[p] = view->arenas[p] + halfOffset + r * pieceElements * elementSize;
       }
       path.reduce(op, bytes + rounds.offset(r, round) * elementSize, sources.data(), n, count);
     }
-    path.synchronize(comm.deadline());
+    path.synchronize(comm.deadline(), {"arena_reduce_scatter reduce", step});
   }
-  barrier_dissemination(comm);
+  device_barrier(comm, path, {"arena_reduce_scatter closing barrier"});
 }
 
 } // namespace torus

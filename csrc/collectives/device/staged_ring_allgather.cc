@@ -20,12 +20,12 @@ void staged_ring_allgather(Comm& comm, DevicePath& path, void* buf, const Blocks
   if (comm.size() == 1) {
     return;
   }
-  char* mirror = path.staging(StagingUse::kMirror, spanOf(blocks) * elementSize);
+  char* mirror = path.staging(StagingUse::kMirror, spanOf(blocks) * elementSize, comm.deadline());
   char* device = static_cast<char*>(buf);
   if (!mirrored) {
     const size_t mine = blocks.offsets[comm.rank()] * elementSize;
     path.copy(mirror + mine, device + mine, blocks.counts[comm.rank()] * elementSize);
-    path.synchronize(comm.deadline());
+    path.synchronize(comm.deadline(), {"staged_ring_allgather staging copy of this rank's block"});
   }
   // Chunks are final on arrival, so every receive can be posted at once (as ring_allgather does).
   ringPass(
@@ -36,7 +36,7 @@ void staged_ring_allgather(Comm& comm, DevicePath& path, void* buf, const Blocks
                   chunk.count * elementSize);
       });
   // The mirror is reused by the next call.
-  path.synchronize(comm.deadline());
+  path.synchronize(comm.deadline(), {"staged_ring_allgather copies of the received blocks"});
 }
 
 } // namespace torus

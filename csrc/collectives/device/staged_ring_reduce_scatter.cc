@@ -27,15 +27,15 @@ void staged_ring_reduce_scatter(Comm& comm, DevicePath& path, const DeviceReduct
   }
   const size_t elementSize = torus::elementSize(op.dtype);
   const size_t slotBytes = std::min(chunkElements(chunking, elementSize), largestCount(blocks)) * elementSize;
-  char* mirror = path.staging(StagingUse::kMirror, spanOf(blocks) * elementSize);
-  char* slots = path.staging(StagingUse::kSlots, kChunksInFlight * slotBytes);
+  char* mirror = path.staging(StagingUse::kMirror, spanOf(blocks) * elementSize, comm.deadline());
+  char* slots = path.staging(StagingUse::kSlots, kChunksInFlight * slotBytes, comm.deadline());
   const auto slot = [slots, slotBytes](size_t index) { return slots + (index % kChunksInFlight) * slotBytes; };
   char* device = static_cast<char*>(buf);
 
   const int first = (comm.rank() + n - 1) % n;
   path.copy(mirror + blocks.offsets[first] * elementSize, device + blocks.offsets[first] * elementSize,
             blocks.counts[first] * elementSize);
-  path.synchronize(comm.deadline());
+  path.synchronize(comm.deadline(), {"staged_ring_reduce_scatter staging copy of the first block"});
   ringPass(
       comm, mirror, blocks, elementSize, chunking, comm.rank() - 1, kChunksInFlight,
       [&](size_t index, const Chunk&) -> void* { return slot(index); },
@@ -44,7 +44,7 @@ void staged_ring_reduce_scatter(Comm& comm, DevicePath& path, const DeviceReduct
         const void* sources[2] = {target, slot(index)};
         path.reduce(op, target, sources, 2, chunk.count);
         path.copy(mirror + chunk.offset * elementSize, target, chunk.count * elementSize);
-        path.synchronize(comm.deadline());
+        path.synchronize(comm.deadline(), {"staged_ring_reduce_scatter reduce of a chunk received", -1, first});
       });
 }
 
