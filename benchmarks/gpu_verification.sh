@@ -5,6 +5,10 @@
 #   env        what the machine has: GPU, driver, nvcc, compilers, torch, packages
 #   build      pip install -e . with the system compiler and the CUDA path; sm_90 only
 #   check      torch_torus._C.built_with_cuda must be True (fails loudly otherwise)
+#   smoke      benchmarks/gpu_smoke.py: 1 and 2 ranks, one 4 KiB all_reduce sync, async + wait(),
+#              async + then(), each bounded (20 s per world size); on a hang it names the step every
+#              rank is stuck in and dumps its Python and native stacks (py-spy from $REPO/.whl when
+#              the device tool carried it, else cuda-gdb); when it fails, the long steps are skipped
 #   tests      tests/test_cuda.py (2 and 4 ranks on the one GPU; torus over shm and over tcp),
 #              -rs, junit xml
 #   memcheck   compute-sanitizer --tool memcheck over the ranks of a subset of test_cuda.py
@@ -14,7 +18,9 @@
 #   tests-gloo (not run by default) tests/test_cuda.py's collective cases against gloo, to check
 #              the tests and expectations.py's gloo entries on CUDA tensors
 #
+#   pip download py-spy -d .whl --no-deps            # here, once: the wheel the smoke step installs
 #   benchmarks/gpu_verification.sh                 # the default steps, in the order above
+#                                                   # (device tool: carry [".whl"] with it)
 #   benchmarks/gpu_verification.sh tests bench     # some steps, by name
 #
 # Everything is written under $OUT (set by the device tool; default ./gpu-out): one log per step
@@ -26,7 +32,7 @@
 # (GPU_VERIFY_BUDGET_S, default 550 s) and every step a cap of its own (below); a step gets
 # min(cap, what is left of the budget) and is not started with less than 30 s left (it is then
 # reported NOT RUN: run it by name in a second command; a warm machine keeps the build). Expected
-# on an H100 with 16 cores: build 2-3 min (55 C++ files and the .cu kernels for sm_90 only,
+# on an H100 with 16 cores: build 1-3 min, smoke under 30 s (55 C++ files and the .cu kernels for sm_90 only,
 # MAX_JOBS=16; a rebuild on a warm machine is incremental), tests ~3 min (about 600 tests), memcheck
 # ~1.5 min (a 50-test subset, ws2 and float32 only, as the sanitizer slows every kernel and start),
 # each DDP run ~40 s (3 warmup + 10 timed steps, 224x224 images, batch 8 per rank: enough for a
@@ -41,7 +47,9 @@ OUT=$(mkdir -p "${OUT:-$PWD/gpu-out}" && cd "${OUT:-$PWD/gpu-out}" && pwd)
 PYTHON=${PYTHON:-python}
 BUDGET_S=${GPU_VERIFY_BUDGET_S:-550}
 MIN_STEP_S=30
-DEFAULT_STEPS=(env build check tests memcheck ddp-torus ddp-gloo bench)
+DEFAULT_STEPS=(env build check smoke tests memcheck ddp-torus ddp-gloo bench)
+# Steps that are pointless once the smoke step failed: they would hang the same way.
+AFTER_SMOKE=(tests memcheck ddp-torus ddp-gloo bench tests-gloo)
 export REPO OUT PYTHON
 # The source tree first: the tests and examples import torch_torus from here, built in place.
 export PYTHONPATH="$REPO${PYTHONPATH:+:$PYTHONPATH}"
@@ -55,6 +63,7 @@ cap_of() {  # seconds a step may take at most
         env) echo 30 ;;
         build) echo 300 ;;
         check) echo 60 ;;
+        smoke) echo 60 ;;
         tests) echo 270 ;;
         memcheck) echo 180 ;;
         ddp-torus | ddp-gloo) echo 120 ;;
@@ -128,6 +137,13 @@ if torch_torus._C.built_with_cuda is not True:
     print("!" * 100)
     sys.exit(1)
 EOF
+}
+
+step_smoke() {
+    if ! command -v py-spy >/dev/null 2>&1 && ls "$REPO"/.whl/py_spy-*.whl >/dev/null 2>&1; then
+        "$PYTHON" -m pip install -q --no-index --find-links "$REPO/.whl" py-spy || echo "py-spy did not install"
+    fi
+    "$PYTHON" benchmarks/gpu_smoke.py --device cuda --bound 20 --out "$OUT"
 }
 
 skipped_for_lack_of_cuda() {  # junit xml: tests skipped because this machine or build lacks CUDA
@@ -214,6 +230,7 @@ START=$(date +%s)
 DEADLINE=$((START + BUDGET_S))
 SUMMARY=()
 FAILED=0
+SMOKE_FAILED=0
 
 record() {  # step, status, seconds
     SUMMARY+=("$(printf '%-11s %-40s %5ss' "$1" "$2" "$3")")
@@ -225,6 +242,12 @@ run_step() {
     if [ "$cap" -eq 0 ]; then
         echo "unknown step: $name (steps: ${DEFAULT_STEPS[*]} tests-gloo)"
         record "$name" "UNKNOWN STEP" 0
+        FAILED=1
+        return
+    fi
+    if [ "$SMOKE_FAILED" -eq 1 ] && [[ " ${AFTER_SMOKE[*]} " == *" $name "* ]]; then
+        echo "=== $name: NOT RUN, the smoke step failed (see smoke.log: where each rank hangs)"
+        record "$name" "NOT RUN (smoke failed)" 0
         FAILED=1
         return
     fi
@@ -254,6 +277,9 @@ run_step() {
     echo "    $verdict in ${seconds}s; the log ends:"
     tail -n 12 "$log" | sed 's/^/    | /'
     record "$name" "$verdict" "$seconds"
+    if [ "$name" = smoke ] && [ "$verdict" != PASS ]; then
+        SMOKE_FAILED=1
+    fi
 }
 
 STEPS=("$@")
