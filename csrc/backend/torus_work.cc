@@ -108,6 +108,14 @@ bool TorusWork::isCompleted() {
   return !device_ || failed_.load(std::memory_order_acquire) || device_->deviceDone();
 }
 
+std::exception_ptr TorusWork::exception() const {
+  return failed_.load(std::memory_order_acquire) ? error_ : nullptr;
+}
+
+bool TorusWork::isSuccess() const {
+  return !failed_.load(std::memory_order_acquire);
+}
+
 void TorusWork::synchronize() {
   if (!device_ || !done_.load(std::memory_order_acquire) || failed_.load(std::memory_order_acquire)) {
     return;
@@ -129,6 +137,7 @@ void TorusWork::complete() {
 
 void TorusWork::fail(std::exception_ptr error) {
   finishedAt_.store(Clock::now().time_since_epoch().count(), std::memory_order_release);
+  error_ = error;
   failed_.store(true, std::memory_order_release);
   future_->setError(error);
   done_.store(true, std::memory_order_release);

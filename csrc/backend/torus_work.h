@@ -91,6 +91,10 @@ class TorusWork : public c10d::Work {
   bool wait(std::chrono::milliseconds timeout) override;
   // Device calls: done on the host and on the device.
   bool isCompleted() override;
+  // The job's error once it failed; no error while it runs (torch's own read these under the
+  // Work's lock).
+  std::exception_ptr exception() const override;
+  bool isSuccess() const override;
   // Device calls that succeeded: the current stream waits for the job (Work.synchronize(), and
   // Work::wait with the Work's lock held). A host wait that passes the stall bound raises
   // DistBackendError naming the collective.
@@ -111,6 +115,7 @@ class TorusWork : public c10d::Work {
   const std::shared_ptr<WaitWatch> watch_;
   std::atomic<bool> done_{false};
   std::atomic<bool> failed_{false};
+  std::exception_ptr error_; // written once, before failed_
   // When the job completed or failed (steady clock, ns), for the debug mode's report.
   std::atomic<int64_t> finishedAt_{0};
 };
