@@ -6,6 +6,7 @@
 #include <fstream>
 
 #include "backend/log.h"
+#include "collectives/device/device_barrier.h"
 #include "collectives/blocks.h"
 #include "collectives/ring_allgather.h"
 
@@ -72,14 +73,11 @@ std::shared_ptr<SharedArenas> SharedArenas::exchange(Comm& group, const DevicePa
     problems.push_back("cannot allocate its own arena of " + std::to_string(bytes) + " bytes: " + why);
   }
 
-  const Deadline collective = group.deadline();
-  const Deadline bound = phaseDeadline(path, collective);
-  group.setDeadline(bound);
   std::vector<ArenaRecord> records;
   std::vector<int8_t> completes;
   std::vector<char*> mapped(static_cast<size_t>(size), nullptr);
   int8_t complete = mine.allocated;
-  try {
+  boundedPhase(group, path, "the exchange of device arenas on " + device, [&] {
     records = allgatherRecords(group, mine);
     // This rank's arena counts only if it mapped every host peer's.
     for (int r = 0; r < size && complete; ++r) {
@@ -97,18 +95,10 @@ std::shared_ptr<SharedArenas> SharedArenas::exchange(Comm& group, const DevicePa
       } else if ((mapped[static_cast<size_t>(r)] = mem.open(peer.handle, r, bytes, why)) == nullptr) {
         problems.push_back("cannot open rank " + std::to_string(r) + "'s arena: " + why);
       }
-      complete = mapped[static_cast<size_t>(r)] != nullptr || r == self || peer.host != mine.host;
+      complete = mapped[static_cast<size_t>(r)] != nullptr;
     }
     completes = allgatherRecords(group, complete);
-  } catch (const CommError& e) {
-    group.setDeadline(collective);
-    if (e.kind() != CommError::Kind::kTimeout || bound == collective) {
-      throw;
-    }
-    throw CommError(e.kind(), kStalledIn + std::string("the exchange of device arenas on ") + device + " (stall bound " +
-                                  std::to_string(path.stallBound().count()) + " ms): " + e.what());
-  }
-  group.setDeadline(collective);
+  });
   mem.exchanged();
 
   std::vector<int> agreed;

@@ -4,21 +4,25 @@
 
 namespace torus {
 
-void device_barrier(Comm& comm, const DevicePath& path, const DevicePhase& phase) {
+void boundedPhase(Comm& comm, const DevicePath& path, const std::string& phase, const std::function<void()>& exchange) {
   const Deadline collective = comm.deadline();
   const Deadline bound = phaseDeadline(path, collective);
   comm.setDeadline(bound);
   try {
-    barrier_dissemination(comm);
+    exchange();
   } catch (const CommError& e) {
     comm.setDeadline(collective);
     if (e.kind() != CommError::Kind::kTimeout || bound == collective) {
       throw;
     }
-    throw CommError(e.kind(), kStalledIn + phase.describe() + " (stall bound " +
-                                  std::to_string(path.stallBound().count()) + " ms): " + e.what());
+    throw CommError(e.kind(), kStalledIn + phase + " (stall bound " + std::to_string(path.stallBound().count()) +
+                                  " ms): " + e.what());
   }
   comm.setDeadline(collective);
+}
+
+void device_barrier(Comm& comm, const DevicePath& path, const DevicePhase& phase) {
+  boundedPhase(comm, path, phase.describe(), [&] { barrier_dissemination(comm); });
 }
 
 } // namespace torus
