@@ -18,7 +18,8 @@
 #   tests-gloo (not run by default) tests/test_cuda.py's collective cases against gloo, to check
 #              the tests and expectations.py's gloo entries on CUDA tensors
 #
-#   pip download py-spy -d .whl --no-deps            # here, once: the wheel the smoke step installs
+#   pip download py-spy tqdm psutil numpy -d .whl --no-deps --only-binary=:all: \
+#       --python-version 3.12 --platform manylinux_2_28_x86_64   # here, once: what the machine lacks
 #   benchmarks/gpu_verification.sh                 # the default steps, in the order above
 #                                                   # (device tool: carry [".whl"] with it)
 #   benchmarks/gpu_verification.sh tests bench     # some steps, by name
@@ -106,7 +107,20 @@ print("ninja binary:", shutil.which("ninja"))
 EOF
 }
 
+# The lent machine reaches no package index: what it lacks comes from the wheels carried in
+# $REPO/.whl (pip download <name> -d .whl --no-deps, for its Python 3.12).
+install_carried() {  # module names; each one missing is installed from .whl
+    local module
+    for module in "$@"; do
+        "$PYTHON" -c "import $module" >/dev/null 2>&1 && continue
+        "$PYTHON" -m pip install -q --no-index --no-deps --find-links "$REPO/.whl" "${module//_/-}" \
+            || echo "$module is missing and did not install from $REPO/.whl"
+    done
+}
+
 step_build() {
+    # torch_torus imports these at run time; the install below is --no-deps (torch is the machine's).
+    install_carried psutil tqdm numpy
     # The system compiler: a g++ wrapper whose link bundled a private libstdc++ crashed the
     # extension on this machine before (README, "CUDA tensors: status"). sm_90 only (an H100):
     # half the nvcc time of the default architectures. TORUS_BUILD_CUDA=1: no CPU-only fallback.
@@ -140,9 +154,7 @@ EOF
 }
 
 step_smoke() {
-    if ! command -v py-spy >/dev/null 2>&1 && ls "$REPO"/.whl/py_spy-*.whl >/dev/null 2>&1; then
-        "$PYTHON" -m pip install -q --no-index --find-links "$REPO/.whl" py-spy || echo "py-spy did not install"
-    fi
+    command -v py-spy >/dev/null 2>&1 || install_carried py_spy
     "$PYTHON" benchmarks/gpu_smoke.py --device cuda --bound 20 --out "$OUT"
 }
 
