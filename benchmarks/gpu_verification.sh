@@ -14,7 +14,12 @@
 #   memcheck   compute-sanitizer --tool memcheck over the ranks of a subset of test_cuda.py
 #   ddp-torus  examples/ddp_resnet50.py on CUDA, 4 ranks on the one GPU, backend torus
 #   ddp-gloo   the same with gloo, for comparison
+#   ddp-noop   the same over torus with DDP's communication removed (--comm-hook noop): the bound
+#              that communication hidden behind compute reaches
+#   ddp-powersgd  the same over torus with torch's PowerSGD hook (collectives from callbacks)
 #   bench      allreduce, 4 ranks, --device cuda, 4 KiB to 256 MiB, torus against gloo, --check, --json
+#   bench-mps  the bench again under CUDA MPS (the 4 ranks' kernels share the GPU at once rather
+#              than in time slices, as ranks on GPUs of their own would not contend at all)
 #   tests-gloo (not run by default) tests/test_cuda.py's collective cases against gloo, to check
 #              the tests and expectations.py's gloo entries on CUDA tensors
 #
@@ -25,9 +30,9 @@
 #   benchmarks/gpu_verification.sh tests bench     # some steps, by name
 #
 # Everything is written under $OUT (set by the device tool; default ./gpu-out): one log per step
-# (<step>.log), test_cuda.xml, memcheck.txt, bench_cuda_allreduce.json, summary.txt. A failing
-# step does not stop the others; the script exits non-zero if any step failed, timed out or was
-# not run, after printing a summary.
+# (<step>.log), test_cuda.xml, memcheck.txt, bench_cuda_allreduce.json, summary.txt, and all of
+# them again in gpu-out.tar.gz. A failing step does not stop the others; the script exits non-zero
+# if any step failed, timed out or was not run, after printing a summary.
 #
 # Time: the device tool allows 10 minutes per command, so the whole run has a budget
 # (GPU_VERIFY_BUDGET_S, default 550 s) and every step a cap of its own (below); a step gets
@@ -48,9 +53,9 @@ OUT=$(mkdir -p "${OUT:-$PWD/gpu-out}" && cd "${OUT:-$PWD/gpu-out}" && pwd)
 PYTHON=${PYTHON:-python}
 BUDGET_S=${GPU_VERIFY_BUDGET_S:-550}
 MIN_STEP_S=30
-DEFAULT_STEPS=(env build check smoke tests memcheck ddp-torus ddp-gloo bench)
+DEFAULT_STEPS=(env build check smoke tests memcheck ddp-torus ddp-gloo ddp-noop ddp-powersgd bench bench-mps)
 # Steps that are pointless once the smoke step failed: they would hang the same way.
-AFTER_SMOKE=(tests memcheck ddp-torus ddp-gloo bench tests-gloo)
+AFTER_SMOKE=(tests memcheck ddp-torus ddp-noop ddp-powersgd ddp-gloo bench bench-mps tests-gloo)
 export REPO OUT PYTHON
 # The source tree first: the tests and examples import torch_torus from here, built in place.
 export PYTHONPATH="$REPO${PYTHONPATH:+:$PYTHONPATH}"
@@ -67,8 +72,8 @@ cap_of() {  # seconds a step may take at most
         smoke) echo 60 ;;
         tests) echo 270 ;;
         memcheck) echo 180 ;;
-        ddp-torus | ddp-gloo) echo 120 ;;
-        bench) echo 180 ;;
+        ddp-torus | ddp-gloo | ddp-noop | ddp-powersgd) echo 120 ;;
+        bench | bench-mps) echo 180 ;;
         tests-gloo) echo 240 ;;
         *) echo 0 ;;
     esac
@@ -212,22 +217,46 @@ step_memcheck() {
     return "$status"
 }
 
-ddp() {
-    torchrun 4 examples/ddp_resnet50.py --backend "$1" --device cuda --image-size 224 --batch-size 8 \
-        --warmup-steps 3 --steps 10
+ddp() {  # backend, comm hook
+    torchrun 4 examples/ddp_resnet50.py --backend "$1" --comm-hook "$2" --device cuda --image-size 224 \
+        --batch-size 8 --warmup-steps 3 --steps 10
 }
 
 step_ddp_torus() {
-    ddp torus
+    ddp torus allreduce
 }
 
 step_ddp_gloo() {
-    ddp gloo
+    ddp gloo allreduce
+}
+
+step_ddp_noop() {
+    ddp torus noop
+}
+
+step_ddp_powersgd() {
+    ddp torus powersgd
+}
+
+bench() {  # the JSON file's name
+    torchrun 4 -m torch_torus.bench --device cuda --backends "torus;gloo" -b 4K -e 256M -f 2 -n 10 -w 3 \
+        --check --json "$OUT/$1"
 }
 
 step_bench() {
-    torchrun 4 -m torch_torus.bench --device cuda --backends "torus;gloo" -b 4K -e 256M -f 2 -n 10 -w 3 \
-        --check --json "$OUT/bench_cuda_allreduce.json"
+    bench bench_cuda_allreduce.json
+}
+
+step_bench_mps() {
+    local control
+    control=$(command -v nvidia-cuda-mps-control || echo /usr/bin/nvidia-cuda-mps-control)
+    export CUDA_MPS_PIPE_DIRECTORY="$OUT/mps-pipe" CUDA_MPS_LOG_DIRECTORY="$OUT/mps-log"
+    mkdir -p "$CUDA_MPS_PIPE_DIRECTORY" "$CUDA_MPS_LOG_DIRECTORY"
+    "$control" -d || { echo "the MPS daemon did not start ($control)"; return 1; }
+    bench bench_cuda_allreduce_mps.json
+    local status=$?
+    echo quit | "$control"
+    return "$status"
 }
 
 if [ "${1:-}" = "__step" ]; then  # one step, started by run_step below
@@ -303,13 +332,17 @@ for step in "${STEPS[@]}"; do
     run_step "$step"
 done
 
-if [ -f "$OUT/bench.log" ]; then  # the bench's table, for whoever reads only this output
-    echo "=== bench table"
-    grep -E '^(#|  +[0-9])' "$OUT/bench.log" | grep -v '^# torch ' | head -60
-fi
+for log in bench bench-mps; do  # the bench's table, for whoever reads only this output
+    if [ -f "$OUT/$log.log" ]; then
+        echo "=== $log table"
+        grep -E '^(#|  +[0-9])' "$OUT/$log.log" | grep -v '^# torch ' | head -60
+    fi
+done
 {
     echo "gpu_verification summary ($(($(date +%s) - START))s of a ${BUDGET_S}s budget):"
     printf '%s\n' "${SUMMARY[@]}"
     if [ "$FAILED" -eq 0 ]; then echo "ALL PASSED"; else echo "SOME STEPS FAILED OR DID NOT RUN"; fi
 } | tee "$OUT/summary.txt"
+# One file that holds every other: the device tool brings back only so many files.
+tar -czf "$OUT/gpu-out.tar.gz" -C "$OUT" --exclude gpu-out.tar.gz --exclude mps-pipe . 2>/dev/null
 exit "$FAILED"

@@ -61,10 +61,30 @@ def parse_args() -> argparse.Namespace:
                         help="torch intra-op threads per rank; the default shares this host's cores "
                              "among its LOCAL_WORLD_SIZE ranks, since more threads than cores "
                              "makes every rank slower")
+    parser.add_argument("--comm-hook", choices=sorted(COMM_HOOKS), default="allreduce",
+                        help="how DDP communicates gradients: allreduce (DDP's own), noop (no "
+                             "communication at all: the compute-only bound), fp16 (compressed to "
+                             "half), powersgd (torch's PowerSGD, rank 1, from step 2: collectives "
+                             "issued from its futures' callbacks) (default: %(default)s)")
     args = parser.parse_args()
     if args.steps < 1 or args.warmup_steps < 0:
         parser.error("--steps must be at least 1 and --warmup-steps at least 0")
     return args
+
+
+def register_comm_hook(model: DistributedDataParallel, name: str) -> None:
+    from torch.distributed.algorithms.ddp_comm_hooks import debugging_hooks, default_hooks, powerSGD_hook
+
+    if name == "noop":
+        model.register_comm_hook(None, debugging_hooks.noop_hook)
+    elif name == "fp16":
+        model.register_comm_hook(None, default_hooks.fp16_compress_hook)
+    elif name == "powersgd":
+        state = powerSGD_hook.PowerSGDState(process_group=None, matrix_approximation_rank=1, start_powerSGD_iter=2)
+        model.register_comm_hook(state, powerSGD_hook.powerSGD_hook)
+
+
+COMM_HOOKS = {"allreduce", "noop", "fp16", "powersgd"}
 
 
 def resnet50(num_classes: int) -> tuple[nn.Module, str]:
@@ -121,7 +141,9 @@ def main() -> None:
     # DDP starts every rank from rank 0's weights; the device ids tell it which GPU is ours.
     model = DistributedDataParallel(model.to(device),
                                     device_ids=[device.index] if device.type == "cuda" else None)
+    register_comm_hook(model, args.comm_hook)
     say(f"ResNet-50 from {model_source}: {parameters:,} parameters; backend {args.backend}, "
+        f"comm hook {args.comm_hook}, "
         f"{world_size} ranks, batch {args.batch_size} per rank, {args.image_size}x{args.image_size} "
         f"images, {args.threads} threads per rank, device {args.device}")
 

@@ -824,6 +824,47 @@ def test_cuda_ddp(backend, world_size):
     harness.check(backend, world_size, _case_ddp_on_cuda, timeout=180)
 
 
+def _case_callbacks_on_cuda(ctx, form):
+    """A collective issued from a then() callback of a collective on CUDA tensors
+    (tests/test_comm_hooks.py's forms)."""
+    import test_comm_hooks
+    return test_comm_hooks.collective_from_callback(ctx, form, _on_shared_gpu(ctx))
+
+
+@needs_gpu
+@pytest.mark.parametrize("form", ["future_wait", "sync", "two_levels", "interleaved"])
+@pytest.mark.parametrize("world_size", [2, 4], ids=lambda w: f"ws{w}")
+def test_cuda_collective_from_callback(backend, world_size, form):
+    skip_unless_backend_takes_cuda(backend)
+    if form == "interleaved" and not backend.startswith("torus"):
+        pytest.skip("the order of a callback's collectives against the main thread's is torus's")
+    harness.check(backend, world_size, _case_callbacks_on_cuda, form, timeout=120)
+
+
+def _case_powersgd_on_cuda(ctx):
+    """DDP with torch's PowerSGD hook on CUDA tensors, many buckets (its collectives issued from
+    its futures' callbacks), against gloo on the same GPU running the hook one bucket at a time."""
+    import test_comm_hooks
+    import test_ddp
+    device = _on_shared_gpu(ctx)
+    torch.backends.cudnn.allow_tf32 = False
+    torch.backends.cuda.matmul.allow_tf32 = False
+    if "gloo_group" not in ctx.state:
+        ctx.state["gloo_group"] = dist.new_group(backend="gloo")
+    gloo = ctx.state["gloo_group"]
+    mine = test_comm_hooks.train_with_hook(ctx, None, "powerSGD", 0.001, False, None, device)
+    theirs = test_comm_hooks.train_with_hook(ctx, gloo, "powerSGD", 0.001, True, "gloo", device)
+    return (test_ddp._diff(mine, theirs, 1e-4, 1e-5, f"{ctx.backend} vs gloo (PowerSGD on {device})")
+            + test_comm_hooks.compare_replicas(ctx, mine, gloo))
+
+
+@needs_gpu
+@pytest.mark.parametrize("world_size", [2, 4], ids=lambda w: f"ws{w}")
+def test_cuda_powersgd(backend, world_size):
+    skip_unless_backend_takes_cuda(backend)
+    harness.check(backend, world_size, _case_powersgd_on_cuda, timeout=180)
+
+
 # ------------------------------------------------------------------------------ timeout
 
 CUDA_TIMEOUT_S = 2.0  # the group's timeout

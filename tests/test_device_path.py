@@ -184,6 +184,19 @@ def test_ddp(route, world_size):
     _check(route, world_size, test_cuda._case_ddp_on_cuda, timeout=180)
 
 
+@pytest.mark.parametrize("form", ["future_wait", "sync", "two_levels", "interleaved"])
+@pytest.mark.parametrize("route,world_size", FLAT_ROUTE_SIZES, ids=_ids(FLAT_ROUTE_SIZES))
+def test_collective_from_callback(route, world_size, form):
+    """A collective issued from a then() callback runs on the worker inside its callback (test_cuda's case)."""
+    _check(route, world_size, test_cuda._case_callbacks_on_cuda, form)
+
+
+@pytest.mark.parametrize("route,world_size", FLAT_ROUTE_SIZES, ids=_ids(FLAT_ROUTE_SIZES))
+def test_powersgd(route, world_size):
+    """DDP with PowerSGD, many buckets, against gloo one bucket at a time (test_cuda's case)."""
+    _check(route, world_size, test_cuda._case_powersgd_on_cuda, timeout=180)
+
+
 @pytest.mark.parametrize("route", ["arenas", "staged"])
 def test_timeout_names_absent_rank(route):
     opts = _route_options(route, 2)

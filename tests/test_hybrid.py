@@ -246,6 +246,57 @@ def test_diverged_host_and_bad_arguments(backend):
     harness.check(backend, 2, _case_diverged_host_and_bad_arguments, timeout=60)
 
 
+class _ComplexModel(torch.nn.Module):
+    def __init__(self, dtype):
+        super().__init__()
+        self.weight = torch.nn.Parameter(torch.zeros(3, 2, dtype=dtype))
+        self.register_buffer("phase", torch.zeros(5, dtype=dtype))
+        self.register_buffer("steps", torch.zeros((), dtype=torch.int64))
+
+
+def _case_complex_average(ctx):
+    """2 ranks on 2 faked hosts: complex parameters and buffers are averaged as complex numbers
+    (real and imaginary parts apart); a module mixing precisions is refused by name."""
+    import torch_torus
+
+    os.environ["TORUS_HOST_ID"] = f"host-{'ab'[ctx.rank]}"
+    ctx.init_process_group(init="file")
+    groups = torch_torus.host_groups()
+    problems = []
+    for dtype in (torch.complex128, torch.complex64):
+        model = _ComplexModel(dtype)
+        averager = torch_torus.HybridAverager(model, groups, period=1)
+        values = {r: torch.complex(torch.full((3, 2), 1.0 + r), torch.full((3, 2), -3.0 * r)).to(dtype)
+                  for r in range(2)}
+        with torch.no_grad():
+            model.weight.copy_(values[ctx.rank])
+            model.phase.copy_(values[ctx.rank].reshape(-1)[:5] * 1j)
+            model.steps.fill_(7)
+        averager.drain()
+        mean = (values[0] + values[1]) / 2
+        if not torch.allclose(model.weight.detach(), mean):
+            problems.append(f"{dtype} weight: got {model.weight.detach().reshape(-1)[:2].tolist()}, "
+                            f"want {mean.reshape(-1)[:2].tolist()}")
+        if not torch.allclose(model.phase, mean.reshape(-1)[:5] * 1j):
+            problems.append(f"{dtype} complex buffer not averaged: {model.phase[:2].tolist()}")
+        if model.steps.item() != 7:
+            problems.append(f"the integer buffer changed: {model.steps.item()}")
+    mixed = _ComplexModel(torch.complex128)
+    mixed.extra = torch.nn.Linear(2, 2)  # float32 beside complex128 (float64 parts)
+    try:
+        torch_torus.HybridAverager(mixed, groups, period=1)
+        problems.append("a module mixing complex128 and float32 was accepted")
+    except ValueError as error:
+        if "torch.complex128" not in str(error) or "torch.float32" not in str(error):
+            problems.append(f"the error does not name the dtypes: {error}")
+    return problems
+
+
+def test_complex_parameters_and_buffers_are_averaged():
+    harness.conclude(harness.problems(harness.run_job("torus", 2, _case_complex_average, timeout=60)),
+                     None, "hybrid complex")
+
+
 def test_plan_host_groups():
     # srun's cyclic distribution: hosts x, y, x, y, ...
     assert plan_host_groups(list("xyxyxy")) == ([[0, 2, 4], [1, 3, 5]], [[0, 1], [2, 3], [4, 5]])

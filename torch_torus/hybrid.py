@@ -40,6 +40,18 @@ __all__ = ["HostGroups", "HybridAverager", "HybridUpdateError", "host_groups", "
 _SAME_WIDTH_INTEGER = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
 
 
+def _averaged(t: torch.Tensor) -> bool:
+    """Whether a buffer is averaged: floating or complex ones are; integer and bool ones (counters
+    such as BatchNorm's num_batches_tracked) stay as they are."""
+    return t.is_floating_point() or t.is_complex()
+
+
+def _real(t: torch.Tensor) -> torch.Tensor:
+    """The tensor as real numbers: a complex one as (real, imaginary) pairs, which average
+    apart, sharing its storage."""
+    return torch.view_as_real(t) if t.is_complex() else t
+
+
 class HybridUpdateError(RuntimeError):
     """The hybrid update cannot go on: a cross-host average failed or timed out, or the ranks of
     a host no longer hold the same model."""
@@ -117,9 +129,10 @@ class HybridAverager:
     module: the model, or its DistributedDataParallel wrapper, which must then be built over
     groups.host (gradients would cross hosts otherwise, and with its default
     broadcast_buffers=True DDP would send rank 0's buffers over the network at every forward).
-    The parameters and floating buffers are averaged (one floating dtype); integer buffers, such
-    as BatchNorm's num_batches_tracked, stay as they are, equal on every rank that ran the same
-    steps.
+    The parameters and floating and complex buffers are averaged (complex ones as real and
+    imaginary parts; one precision: float64 with complex128, float32 with complex64, ...); integer
+    and bool buffers, such as BatchNorm's num_batches_tracked, stay as they are, equal on every
+    rank that ran the same steps.
 
     period: steps between the starts of two cross-host averages (H, at least 1).
     delay: steps from the start of an average to its application (τ, 0 to period); 0 waits for
@@ -153,15 +166,21 @@ class HybridAverager:
         self.groups = groups
         self.period, self.delay, self.warmup_steps = period, delay, warmup_steps
         parameters = list(module.parameters())
-        buffers = [b for b in module.buffers() if b.is_floating_point()]
+        buffers = [b for b in module.buffers() if _averaged(b)]
         self._tensors = parameters + buffers
-        dtypes = {t.dtype for t in self._tensors}
-        if len(dtypes) != 1:
-            raise ValueError(f"HybridAverager: the module's parameters and floating buffers must share "
-                             f"one dtype, got {sorted(map(str, dtypes))}")
+        unaveraged = sorted({str(t.dtype) for t in self._tensors if not _averaged(t)})
+        if unaveraged:
+            raise ValueError(f"HybridAverager: the module has parameters of dtype {unaveraged}, which cannot be "
+                             f"averaged; only floating and complex parameters can")
+        precisions = {_real(t).dtype for t in self._tensors}
+        if len(precisions) != 1:
+            kinds = sorted({str(t.dtype) for t in self._tensors})
+            raise ValueError(f"HybridAverager: the module's parameters and floating or complex buffers must "
+                             f"share one precision (the dtypes {kinds} average as {sorted(map(str, precisions))}); "
+                             f"convert the module to one, e.g. module.double()")
         self._buffers_from = len(parameters)
-        self._parameter_count = sum(p.numel() for p in parameters)
-        self._count = self._parameter_count + sum(b.numel() for b in buffers)
+        self._parameter_count = sum(_real(p).numel() for p in parameters)
+        self._count = self._parameter_count + sum(_real(b).numel() for b in buffers)
         ranks_per_host = len(groups.host_ranks)
         self._shard_count = -(-self._count // ranks_per_host)  # padded so that shards are equal
         self._steps = 0
@@ -203,8 +222,8 @@ class HybridAverager:
 
     def _flatten(self) -> torch.Tensor:
         padding = self._shard_count * len(self.groups.host_ranks) - self._count
-        pieces = [t.detach().reshape(-1) for t in self._tensors]
-        pieces.append(self._tensors[0].new_zeros(padding))
+        pieces = [_real(t.detach()).reshape(-1) for t in self._tensors]
+        pieces.append(pieces[0].new_zeros(padding))
         return torch.cat(pieces)
 
     @torch.no_grad()
@@ -212,7 +231,8 @@ class HybridAverager:
                buffers_only: bool = False) -> None:
         """tensors <- flat, or tensors += flat - subtract."""
         offset = 0
-        for index, t in enumerate(self._tensors):
+        for index, tensor in enumerate(self._tensors):
+            t = _real(tensor)
             if index >= self._buffers_from or not buffers_only:
                 piece = flat[offset:offset + t.numel()].view_as(t)
                 if subtract is None:

@@ -86,6 +86,9 @@ void ArrivalBoard::run() {
 }
 
 std::string ArrivalBoard::describeMissing(uint64_t seq) const {
+  if (seq == 0) { // not started here: no rank is late for it yet
+    return {};
+  }
   {
     std::lock_guard<std::mutex> lock(mutex_);
     if (published_ < seq) {

@@ -5,6 +5,14 @@
 
 namespace torus {
 
+namespace {
+
+// The executor whose job's callbacks run on this thread: collectives they issue on its group run
+// here at once.
+thread_local const CollectiveExecutor* callbacksOf = nullptr;
+
+} // namespace
+
 CollectiveExecutor::CollectiveExecutor(int rank, int size, std::string groupName, int logLevel,
                                        std::chrono::milliseconds stallBound, std::shared_ptr<Transport> transport,
                                        Comm& comm, std::shared_ptr<ArrivalBoard> arrivals,
@@ -38,10 +46,17 @@ c10::intrusive_ptr<c10d::Work> CollectiveExecutor::enqueue(const CallDescription
   const char* title = call.title();
   std::unique_lock<std::mutex> lock(mutex_);
   TORUS_CHECK(!stopping_, title, " called on a process group that has been shut down or aborted");
-  const uint64_t seq = ++issued_;
-  auto work = c10::make_intrusive<TorusWork>(rank_, call.type, title, std::move(outputs), seq, std::move(inputs),
+  ++issued_;
+  auto work = c10::make_intrusive<TorusWork>(rank_, call.type, title, std::move(outputs), std::move(inputs),
                                             label_, arrivals_, device, watch_);
-  Job job{work, seq, title, timeout, call.signature(), std::move(body), std::move(device), nullptr};
+  Job job{work, 0, title, timeout, call.signature(), std::move(body), std::move(device), nullptr};
+  if (callbacksOf == this) {
+    // Its own callbacks are attached once it has returned, completed: they run where attached.
+    lock.unlock();
+    execute(job);
+    ranInCallbacks();
+    return work;
+  }
   if (mayRunHere && !job.device && claimIfIdle()) {
     lock.unlock();
     execute(job);
@@ -49,6 +64,9 @@ c10::intrusive_ptr<c10d::Work> CollectiveExecutor::enqueue(const CallDescription
     return work;
   }
   queue_.push_back(std::move(job));
+  if (!completing_.empty()) {
+    noteStall();
+  }
   lock.unlock();
   queueChanged_.notify_one();
   return work;
@@ -58,13 +76,19 @@ bool CollectiveExecutor::runHereIfIdle(const CallDescription& call, std::chrono:
   const char* title = call.title();
   std::unique_lock<std::mutex> lock(mutex_);
   TORUS_CHECK(!stopping_, title, " called on a process group that has been shut down or aborted");
-  if (!claimIfIdle()) {
+  const bool nested = callbacksOf == this;
+  if (!nested && !claimIfIdle()) {
     return false;
   }
-  Job job{nullptr, ++issued_, title, timeout, call.signature(), std::move(body), nullptr, nullptr};
+  ++issued_;
+  Job job{nullptr, 0, title, timeout, call.signature(), std::move(body), nullptr, nullptr};
   lock.unlock();
   std::exception_ptr error = attempt(job);
-  releaseCallingThread();
+  if (nested) {
+    ranInCallbacks();
+  } else {
+    releaseCallingThread();
+  }
   if (error) {
     std::rethrow_exception(error);
   }
@@ -112,14 +136,17 @@ void CollectiveExecutor::runWorker() {
       queue_.pop_front();
       busy_ = true;
     }
-    execute(job);
+    executeWithCallbacks(job);
     std::lock_guard<std::mutex> lock(mutex_);
     busy_ = false;
   }
 }
 
 void CollectiveExecutor::execute(Job& job) {
-  std::exception_ptr error = attempt(job);
+  finish(job, attempt(job));
+}
+
+void CollectiveExecutor::finish(Job& job, std::exception_ptr error) {
   if (error) {
     job.work->fail(error);
   } else {
@@ -130,7 +157,90 @@ void CollectiveExecutor::execute(Job& job) {
   job.deviceScope.reset();
 }
 
+void CollectiveExecutor::executeWithCallbacks(Job& job) {
+  std::exception_ptr error = attempt(job);
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    completing_.emplace_back(job.seq, job.title);
+    if (completing_.size() == 1) {
+      completingSince_ = Clock::now();
+    }
+    if (!queue_.empty()) {
+      noteStall();
+    }
+  }
+  const CollectiveExecutor* outer = callbacksOf;
+  callbacksOf = this;
+  finish(job, error);
+  callbacksOf = outer;
+  std::lock_guard<std::mutex> lock(mutex_);
+  completing_.pop_back();
+  if (completing_.empty()) {
+    stalledSince_.reset();
+  }
+}
+
+void CollectiveExecutor::ranInCallbacks() {
+  std::lock_guard<std::mutex> lock(mutex_);
+  if (stalledSince_) {
+    stalledSince_ = Clock::now();
+  }
+}
+
+void CollectiveExecutor::noteStall() {
+  if (stalledSince_) {
+    return;
+  }
+  stalledSince_ = Clock::now();
+  if (!stallWatch_.joinable()) {
+    stallWatch_ = std::thread(&CollectiveExecutor::watchStalls, this);
+  }
+  stallChanged_.notify_all();
+}
+
+void CollectiveExecutor::watchStalls() {
+  std::unique_lock<std::mutex> lock(mutex_);
+  while (!stopping_) {
+    if (!stalledSince_ || queue_.empty()) {
+      stallChanged_.wait(lock);
+      continue;
+    }
+    const auto until = *stalledSince_ + queue_.front().timeout;
+    if (Clock::now() < until) {
+      stallChanged_.wait_until(lock, until);
+    } else {
+      failStalled(lock);
+    }
+  }
+}
+
+void CollectiveExecutor::failStalled(std::unique_lock<std::mutex>& lock) {
+  std::deque<Job> stalled;
+  stalled.swap(queue_);
+  stalledSince_.reset();
+  const auto& [seq, title] = completing_.front();
+  const auto inCallbacks = std::chrono::duration_cast<std::chrono::milliseconds>(Clock::now() - completingSince_);
+  const std::string why =
+      "did not start: queued behind " + label_->context(title, seq) + ", whose future's callbacks have not returned in " +
+      std::to_string(inCallbacks.count()) +
+      " ms (collectives run in issue order, and a callback's own ones at once: does a callback wait for a "
+      "collective issued after it?)" +
+      timeoutExpired(stalled.front().timeout);
+  const std::string first = contextOf(stalled.front());
+  failure_->record(first + ": " + why);
+  lock.unlock();
+  transport_->abort(first + ": " + why);
+  for (Job& job : stalled) {
+    job.work->fail(asTorchError(std::make_exception_ptr(CommError(CommError::Kind::kTimeout, why)), contextOf(job)));
+  }
+  lock.lock();
+}
+
 std::exception_ptr CollectiveExecutor::attempt(Job& job) {
+  job.seq = ++started_;
+  if (job.work) {
+    job.work->start(job.seq);
+  }
   try {
     if (failure_->failed()) {
       failure_->throwIfFailed(contextOf(job));
@@ -270,12 +380,16 @@ void CollectiveExecutor::stop(bool abortPending) {
     }
   }
   queueChanged_.notify_all();
+  stallChanged_.notify_all();
   for (auto& job : abandoned) {
     job.work->fail(asTorchError(
         std::make_exception_ptr(CommError(CommError::Kind::kAborted, "the process group was aborted")), contextOf(job)));
   }
   if (worker_.joinable()) {
     worker_.join();
+  }
+  if (stallWatch_.joinable()) {
+    stallWatch_.join();
   }
   arrivals_->stop();
 }

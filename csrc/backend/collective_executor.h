@@ -7,6 +7,15 @@
 // (DistBackendError for a peer's death, a timeout, a mismatch or an abort — naming the ranks that
 // never came, or both sides of a mismatch), and aborts the transport before the job's buffers are
 // freed.
+//
+// Completing a job runs its future's callbacks (then(), DDP comm hooks such as PowerSGD) on the
+// worker. A collective such a callback issues on this group runs at once, inside the callback,
+// as where NCCL's futures complete when then() is attached: a callback's collectives come right
+// after its job on every rank, before anything issued later elsewhere, whatever the timing, and
+// later jobs wait until the callbacks return. A callback that waits for a collective issued
+// after it would so wait forever: when the worker has run nothing for a queued job's timeout,
+// being in callbacks, the stall watch fails the group and the queued jobs, naming the job whose
+// callbacks they waited behind.
 #pragma once
 
 #include <array>
@@ -19,6 +28,8 @@
 #include <optional>
 #include <string>
 #include <thread>
+#include <utility>
+#include <vector>
 
 #include "backend/arrival_board.h"
 #include "backend/call_description.h"
@@ -53,7 +64,7 @@ class CollectiveExecutor {
   // queued or running, and raises its error; false otherwise, with nothing run and `body` left
   // to the caller (to queue it instead).
   bool runHereIfIdle(const CallDescription& call, std::chrono::milliseconds timeout, Body& body);
-  // The sequence number of the last collective issued.
+  // How many collectives were issued.
   uint64_t issued();
   // Ends the worker once the queue is empty; with abortPending, fails queued jobs first.
   void stop(bool abortPending);
@@ -61,6 +72,8 @@ class CollectiveExecutor {
  private:
   struct Job {
     c10::intrusive_ptr<TorusWork> work; // null for runHereIfIdle's calls
+    // The collective's place in the order jobs run in, the same on every rank (a callback's
+    // collectives run before jobs queued earlier), which tags its messages; 0 until it starts.
     uint64_t seq;
     const char* title;
     std::chrono::milliseconds timeout;
@@ -79,6 +92,19 @@ class CollectiveExecutor {
   void runWorker();
   // Runs one job and completes or fails its work; on the worker, or on the calling thread.
   void execute(Job& job);
+  // Completes or fails the job's work with `error`; its future's callbacks run here.
+  void finish(Job& job, std::exception_ptr error);
+  // On the worker: execute(), with the collectives its future's callbacks issue run at once.
+  void executeWithCallbacks(Job& job);
+  // After a job issued from a callback ran at once: the group moved, so a stall starts anew.
+  void ranInCallbacks();
+  // With mutex_ held: the queue waits while the worker is in callbacks, from now on.
+  void noteStall();
+  // The stall watch's thread: fails the group once the queue has not moved for the head job's
+  // timeout while the worker was in callbacks.
+  void watchStalls();
+  // With mutex_ held (released meanwhile): fails the group and every queued job.
+  void failStalled(std::unique_lock<std::mutex>& lock);
   // Runs one job; the error its caller gets, or null.
   std::exception_ptr attempt(Job& job);
   // With mutex_ held: makes the calling thread the runner when nothing is queued or running.
@@ -117,6 +143,8 @@ class CollectiveExecutor {
   std::condition_variable queueChanged_;
   std::deque<Job> queue_;
   uint64_t issued_ = 0;
+  // Jobs started: only the one runner (busy_, or the worker in callbacks) counts.
+  uint64_t started_ = 0;
   bool stopping_ = false;
   // A job runs, on the worker or a calling thread; the one runner of the group's Comm.
   bool busy_ = false;
@@ -125,6 +153,13 @@ class CollectiveExecutor {
   // The job the worker runs, and its failure once it has one.
   const Job* running_ = nullptr;
   std::optional<JobFailure> runningFailure_;
+  // The jobs whose callbacks the worker is in (outermost first); since when the queue has waited
+  // for them, with nothing run meanwhile.
+  std::vector<std::pair<uint64_t, const char*>> completing_;
+  Clock::time_point completingSince_;
+  std::optional<Clock::time_point> stalledSince_;
+  std::condition_variable stallChanged_;
+  std::thread stallWatch_; // started at the first stall
   std::thread worker_;
 };
 

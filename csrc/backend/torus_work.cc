@@ -55,8 +55,8 @@ std::string GroupFailure::get() const {
 }
 
 std::string GroupLabel::context(const char* title, uint64_t seq) const {
-  return std::string(title) + " #" + std::to_string(seq) + " (rank " + std::to_string(rank) + " of " +
-         std::to_string(size) + ", group '" + name + "')";
+  return std::string(title) + (seq == 0 ? std::string(" (queued)") : " #" + std::to_string(seq)) + " (rank " +
+         std::to_string(rank) + " of " + std::to_string(size) + ", group '" + name + "')";
 }
 
 void GroupFailure::throwIfFailed(const std::string& context) const {
@@ -67,38 +67,55 @@ void GroupFailure::throwIfFailed(const std::string& context) const {
 }
 
 TorusWork::TorusWork(int rank, c10d::OpType opType, const char* profilingTitle, std::vector<at::Tensor> outputs,
-                     uint64_t seq, const std::optional<std::vector<at::Tensor>>& inputs,
+                     const std::optional<std::vector<at::Tensor>>& inputs,
                      std::shared_ptr<const GroupLabel> label, std::shared_ptr<const ArrivalBoard> arrivals,
                      std::shared_ptr<DeviceCall> device, std::shared_ptr<WaitWatch> watch)
     : c10d::Work(rank, opType, profilingTitle, inputs),
       outputs_(std::move(outputs)),
       future_(device ? makeTensorListFuture(device->futureDevices()) : makeTensorListFuture()),
-      seq_(seq),
       title_(profilingTitle),
       label_(std::move(label)),
       arrivals_(std::move(arrivals)),
       device_(std::move(device)),
-      watch_(std::move(watch)) {}
+      watch_(std::move(watch)) {
+  // The work outlives its future's completion: the executor holds it until then.
+  future_->addCallback([this](c10::ivalue::Future&) { settled(); }, /*uses_future=*/false);
+}
+
+void TorusWork::settled() {
+  {
+    std::lock_guard<std::mutex> lock(doneMutex_);
+    done_.store(true, std::memory_order_release);
+  }
+  doneChanged_.notify_all();
+}
 
 bool TorusWork::wait(std::chrono::milliseconds timeout) {
-  WaitWatch::Waiting watched(watch_.get(), [this] { return label_->context(title_, seq_); }, finishedAt_);
+  WaitWatch::Waiting watched(watch_.get(), [this] { return label_->context(title_, getSequencenumber()); }, finishedAt_);
   const auto spinUntil = Clock::now() + kSpinBeforeSleep;
   while (!done_.load(std::memory_order_acquire) && Clock::now() < spinUntil) {
     std::this_thread::yield();
   }
-  if (timeout != kNoTimeout) {
-    std::unique_lock<std::mutex> lock(mutex_);
-    if (!cv_.wait_for(lock, timeout, [&] { return completed_; })) {
+  if (!done_.load(std::memory_order_acquire)) {
+    std::unique_lock<std::mutex> lock(doneMutex_);
+    const auto done = [&] { return done_.load(std::memory_order_acquire); };
+    if (timeout == kNoTimeout) {
+      // Bounded by the job: its own timeout once it runs, the stall watch while it is queued.
+      doneChanged_.wait(lock, done);
+    } else if (!doneChanged_.wait_for(lock, timeout, done)) {
       lock.unlock();
-      std::string what = label_->context(title_, seq_) + ": Work.wait timed out" + timeoutExpired(timeout);
-      if (auto missing = arrivals_->describeMissing(seq_); !missing.empty()) {
+      std::string what = label_->context(title_, getSequencenumber()) + ": Work.wait timed out" + timeoutExpired(timeout);
+      if (auto missing = arrivals_->describeMissing(getSequencenumber()); !missing.empty()) {
         what += "; " + missing;
       }
       C10_THROW_ERROR(DistBackendError, what + " (the collective goes on, bounded by its own timeout)");
     }
   }
-  // Waits for completion, raises the job's error, and calls synchronize() (with the lock held).
-  return c10d::Work::wait(kNoTimeout);
+  if (failed_.load(std::memory_order_acquire)) {
+    std::rethrow_exception(error_);
+  }
+  synchronize();
+  return true;
 }
 
 bool TorusWork::isCompleted() {
@@ -123,15 +140,13 @@ void TorusWork::synchronize() {
   try {
     device_->blockCurrentStream();
   } catch (const CommError& e) {
-    C10_THROW_ERROR(DistBackendError, label_->context(title_, seq_) + ": " + e.what());
+    C10_THROW_ERROR(DistBackendError, label_->context(title_, getSequencenumber()) + ": " + e.what());
   }
 }
 
 void TorusWork::complete() {
   finishedAt_.store(Clock::now().time_since_epoch().count(), std::memory_order_release);
   future_->markCompleted(c10::IValue(outputs_));
-  // Before finish(), which lets wait() return: is_completed() is true once wait() has returned.
-  done_.store(true, std::memory_order_release);
   finish();
 }
 
@@ -140,7 +155,6 @@ void TorusWork::fail(std::exception_ptr error) {
   error_ = error;
   failed_.store(true, std::memory_order_release);
   future_->setError(error);
-  done_.store(true, std::memory_order_release);
   finish(error);
 }
 

@@ -4,6 +4,7 @@
 
 #include <atomic>
 #include <chrono>
+#include <condition_variable>
 #include <functional>
 #include <memory>
 #include <mutex>
@@ -58,20 +59,23 @@ struct GroupLabel {
   int size;
   std::string name;
 
-  // "torus:all_reduce:ring #7 (rank 0 of 4, group '0')"
+  // "torus:all_reduce:ring #7 (rank 0 of 4, group '0')"; "(queued)" for seq 0, not started.
   std::string context(const char* title, uint64_t seq) const;
 };
 
 // Collectives' works. torch calls synchronize() with the Work's lock held (from Work::wait) and
 // takes it in exception(), finish() and the base isCompleted(): so none of the overrides here
-// calls anything that takes that lock; they read done_ and failed_, flags of their own.
+// calls anything that takes that lock; they read done_ and failed_, flags of their own. done_ is
+// set by the future's first callback, before the user's: wait() and is_completed() do not wait
+// for callbacks (which may wait for later collectives themselves), and once they say done the
+// future's value or error is there.
 class TorusWork : public c10d::Work {
  public:
   // `device`: the call's device side, or null for CPU tensors; with one, the future is aware of
   // its devices and wait() orders the caller's current stream after the job. `watch`: the
   // debug mode's report of waits that do not return (null: off).
   TorusWork(int rank, c10d::OpType opType, const char* profilingTitle, std::vector<at::Tensor> outputs,
-            uint64_t seq, const std::optional<std::vector<at::Tensor>>& inputs,
+            const std::optional<std::vector<at::Tensor>>& inputs,
             std::shared_ptr<const GroupLabel> label, std::shared_ptr<const ArrivalBoard> arrivals,
             std::shared_ptr<DeviceCall> device, std::shared_ptr<WaitWatch> watch);
 
@@ -81,8 +85,9 @@ class TorusWork : public c10d::Work {
   c10::intrusive_ptr<c10::ivalue::Future> getFuture() override {
     return future_;
   }
+  // 0 while the collective is queued.
   uint64_t getSequencenumber() const override {
-    return seq_;
+    return seq_.load(std::memory_order_acquire);
   }
   // Spins briefly (yielding) before sleeping: small collectives finish within microseconds, and
   // a sleep on the condition variable would cost a wake-up, many more on an oversubscribed host.
@@ -100,19 +105,28 @@ class TorusWork : public c10d::Work {
   // DistBackendError naming the collective.
   void synchronize() override;
 
-  // Called once by the worker thread.
+  // Called once by the job's runner: when it starts, with its place in the run order; then one of
+  // complete() and fail().
+  void start(uint64_t seq) {
+    seq_.store(seq, std::memory_order_release);
+  }
   void complete();
   void fail(std::exception_ptr error);
 
  private:
   std::vector<at::Tensor> outputs_;
   c10::intrusive_ptr<c10::ivalue::Future> future_;
-  const uint64_t seq_;
+  std::atomic<uint64_t> seq_{0};
   const char* const title_;
   const std::shared_ptr<const GroupLabel> label_;
   const std::shared_ptr<const ArrivalBoard> arrivals_;
   const std::shared_ptr<DeviceCall> device_;
   const std::shared_ptr<WaitWatch> watch_;
+  // Sets done_ and wakes wait(): the future's first callback.
+  void settled();
+
+  std::mutex doneMutex_;
+  std::condition_variable doneChanged_;
   std::atomic<bool> done_{false};
   std::atomic<bool> failed_{false};
   std::exception_ptr error_; // written once, before failed_
