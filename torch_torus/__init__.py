@@ -19,7 +19,8 @@ from .hybrid import HostGroups, HybridAverager, HybridUpdateError, host_groups
 from .launch import init_from_launcher, init_from_mpi, init_from_slurm
 from .network import local_address
 from .selection import describe, resolve_tables
-from .topology import choose_grid, choose_transport, host_identity, meet, publish_failure, rendezvous_environ
+from .topology import (agree_epoch, choose_grid, choose_transport, host_identity, meet, publish_failure,
+                       rendezvous_environ)
 from .tuning import read as read_tuning
 from .tuning import tuned_allreduce
 
@@ -60,6 +61,14 @@ def group_config(values: dict, size: int, hosts: list[str], address: str = "127.
 
 def _create_backend(dist_options, pg_options) -> _C.ProcessGroupTorus:
     rank, size, store = dist_options.group_rank, dist_options.group_size, dist_options.store
+    name = dist_options.group_id or ""
+    # Every key the group reads from here on is its own, never one an earlier group of this name
+    # left in the store (an earlier attempt under torchrun, a group destroyed and created again).
+    try:
+        epoch = agree_epoch(store, rank, size, dist_options.timeout.total_seconds())
+    except TimeoutError as error:
+        raise dist.DistBackendError(f"torus: cannot create group '{name}' (rank {rank} of {size}): {error}") from None
+    store = dist.PrefixStore(f"torus/{epoch}", store)
     # Everything that can fail on this rank alone fails before the ranks meet in the store, and
     # says so there: the others then fail at once naming this rank, rather than wait for it
     # until their timeout.
@@ -78,7 +87,6 @@ def _create_backend(dist_options, pg_options) -> _C.ProcessGroupTorus:
     config, grid, transport, tables, tuned = group_config(values, size, hosts, address, tuning)
     if transport != "shm" and not values["host_id"]:
         meeting.check_addresses(rank)
-    name = dist_options.group_id or ""
     if config.log_level >= 1 and rank == 0:
         layout = f"torus grid {grid}" if grid else f"no torus grid for {size} ranks: torus runs as ring"
         model = "the cost model"

@@ -12,7 +12,9 @@ import ipaddress
 import json
 import math
 import os
+import secrets
 import socket
+import time
 from dataclasses import dataclass
 from typing import Mapping
 
@@ -122,6 +124,56 @@ def meet(store, rank: int, size: int, identity: str, address: str = "", ifname: 
         raise ConfigError("; ".join(f"rank {r} cannot create the group: {why}" for r, why in answer["failed"].items()))
     loopback = answer["loopback"]
     return Meeting([f"host{h}" for h in answer["hosts"]], tuple(loopback) if loopback else None)
+
+
+# The keys of the agreement on a group's epoch, the only ones a group reads that an earlier group
+# of the same name (an earlier attempt under torchrun, whose agent keeps its store across
+# restarts; a group destroyed and created again on the same store) may have left.
+_EPOCH_KEY = "torus/epoch"
+
+
+def agree_epoch(store, rank: int, size: int, timeout: float) -> str:
+    """A name no earlier group on this store has used, agreed by every rank of this one: rank 0
+    draws it at random and publishes it; each other rank answers with the epoch it read and a
+    nonce of its own, and goes on once rank 0 has confirmed exactly that answer. An epoch or an
+    answer left by an earlier group is never confirmed (its nonce or epoch differs), so a rank
+    that read one reads again. Every other key of the group lives under torus/<epoch>/. Raises
+    TimeoutError naming the ranks that did not answer within `timeout` seconds."""
+    if size == 1:
+        return secrets.token_hex(8)
+    deadline = time.monotonic() + timeout
+    pause = 0.0005
+    if rank == 0:
+        epoch = secrets.token_hex(8)
+        store.set(_EPOCH_KEY, epoch)
+        pending = set(range(1, size))
+        while pending:
+            for r in sorted(pending):
+                key = f"{_EPOCH_KEY}/answer/{r}"
+                if store.check([key]) and bytes(store.get(key)).decode().startswith(epoch + " "):
+                    store.set(f"{_EPOCH_KEY}/confirmed/{r}", store.get(key))
+                    pending.discard(r)
+            if pending:
+                if time.monotonic() > deadline:
+                    raise TimeoutError(f"ranks {sorted(pending)} did not join within {timeout:g} s")
+                time.sleep(pause)
+                pause = min(pause * 2, 0.02)
+        return epoch
+    nonce = secrets.token_hex(8)
+    answered = None
+    while True:
+        if store.check([_EPOCH_KEY]):
+            epoch = bytes(store.get(_EPOCH_KEY)).decode()
+            if epoch != answered:
+                store.set(f"{_EPOCH_KEY}/answer/{rank}", f"{epoch} {nonce}")
+                answered = epoch
+            confirmed = f"{_EPOCH_KEY}/confirmed/{rank}"
+            if store.check([confirmed]) and bytes(store.get(confirmed)).decode() == f"{epoch} {nonce}":
+                return epoch
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"rank 0 did not confirm rank {rank}'s joining within {timeout:g} s")
+        time.sleep(pause)
+        pause = min(pause * 2, 0.02)
 
 
 def rendezvous_environ(store, environ: Mapping[str, str] | None = None) -> Mapping[str, str]:
