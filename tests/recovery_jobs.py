@@ -1,12 +1,14 @@
 """Jobs that tests/test_recovery.py starts under torchrun: a rank dies, and the job recovers.
 
-restart: DDP on a small net for STEPS steps; on the first attempt rank KILL_RANK kills itself with
-SIGKILL at step KILL_STEP, at the point KILL_AT names (creation: before it creates its group;
+restart: DDP on a small net for STEPS steps; on the first attempt the ranks KILL_RANK (comma
+separated) kill themselves with SIGKILL at step KILL_STEP, at the point KILL_AT names (creation: before it creates its group;
 collective: inside a 64 MiB all_reduce; between_steps: before the step's forward). torchrun
 restarts every rank; the next attempt must create its group and train to the end.
 
 in_process: rank size-1 exits after the first all_reduce; the survivors catch the error,
 destroy the group, and create a new one of the survivors on a new store prefix.
+
+all_die: every rank is SIGKILLed inside a collective, RESTARTS times over; then one attempt ends.
 
 Each rank appends one JSON line to OUT per event (times are time.time(), comparable across
 ranks of one host)."""
@@ -49,9 +51,9 @@ def kill_self() -> None:
 def restart() -> None:
     attempt = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
     rank = int(os.environ["RANK"])
-    kill_at, kill_rank = os.environ.get("KILL_AT", "none"), int(os.environ.get("KILL_RANK", "2"))
+    kill_at, kill_ranks = os.environ.get("KILL_AT", "none"), os.environ.get("KILL_RANK", "2").split(",")
     kill_step, steps = int(os.environ.get("KILL_STEP", "5")), int(os.environ.get("STEPS", "10"))
-    dying = attempt == 0 and rank == kill_rank
+    dying = attempt == 0 and str(rank) in kill_ranks
     if dying and kill_at == "creation":
         kill_self()
     dist.init_process_group("torus", timeout=datetime.timedelta(seconds=60))
@@ -122,5 +124,20 @@ def in_process() -> None:
     dist.destroy_process_group()
 
 
+def all_die() -> None:
+    """Every rank SIGKILLs itself inside a 64 MiB all_reduce, on attempts before the last one
+    (torchrun restarts them RESTARTS times); the last attempt finishes."""
+    attempt = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
+    dist.init_process_group("torus", timeout=datetime.timedelta(seconds=60))
+    big = torch.ones(1 << 24)
+    dist.all_reduce(big)
+    if attempt < int(os.environ["RESTARTS"]):
+        threading.Timer(0.01, kill_self).start()
+        dist.all_reduce(big)
+        time.sleep(60)
+    record(event="done", attempt=attempt, rank=dist.get_rank())
+    dist.destroy_process_group()
+
+
 if __name__ == "__main__":
-    {"restart": restart, "in_process": in_process}[sys.argv[1]]()
+    {"restart": restart, "in_process": in_process, "all_die": all_die}[sys.argv[1]]()

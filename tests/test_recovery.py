@@ -18,6 +18,7 @@ import sys
 import pytest
 
 import harness
+from test_cluster import cluster_available, run_cluster  # noqa: F401  (a fixture and its runner)
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 JOBS = os.path.join(HERE, "recovery_jobs.py")
@@ -128,3 +129,53 @@ def test_same_group_name_on_the_same_store(transport):
     harness.conclude(harness.problems(harness.run_job("torus", 3, _case_same_name_same_store,
                                                       env={"TORUS_TRANSPORT": transport}, timeout=90)),
                      None, f"same store, {transport}")
+
+
+def _ours_in(directory: str) -> set[str]:
+    return {name for name in os.listdir(directory) if "torus" in name}
+
+
+@pytest.mark.parametrize("device_layer", ["host", "host_device"])
+def test_killed_jobs_leave_nothing_behind(tmp_path, device_layer):
+    """Every rank SIGKILLed inside a collective, 5 times over (torchrun restarts them): nothing of
+    ours is left in /dev/shm or /tmp. host_device: collectives through the host device layer,
+    whose arenas are named POSIX shared memory."""
+    before = (_ours_in("/dev/shm"), _ours_in("/tmp"))
+    env = {"RESTARTS": "5", "TORUS_HOST_DEVICE": "on" if device_layer == "host_device" else "off"}
+    done, events = _torchrun(tmp_path, ["--standalone", "--max-restarts", "5"], "all_die", env, 2)
+    problems = [] if done.returncode == 0 else [f"torchrun exited with {done.returncode}"]
+    if sorted(e["rank"] for e in events if e["event"] == "done") != [0, 1]:
+        problems.append(f"the last attempt did not finish: {events}")
+    kills = sum(1 for e in events if e["event"] == "kill")
+    if kills < 5:
+        problems.append(f"only {kills} ranks were killed")
+    after = (_ours_in("/dev/shm"), _ours_in("/tmp"))
+    for where, old, new in zip(("/dev/shm", "/tmp"), before, after):
+        if new - old:
+            problems.append(f"left in {where}: {sorted(new - old)}")
+    if problems:
+        pytest.fail("\n".join(problems) + f"\nstderr:\n{done.stderr[-6000:]}")
+
+
+@pytest.mark.parametrize("victims", ["3", "2,3"], ids=["a_rank", "a_whole_host"])
+def test_torchrun_restart_across_emulated_hosts(cluster_available, tmp_path, victims):
+    """2 emulated hosts x 2 ranks (shm inside each, TCP between), torchrun's static rendezvous
+    with --max-restarts 1 on each host: rank 3, or both ranks of host 1, SIGKILLed between steps;
+    both hosts restart and the second attempt trains to the end."""
+    out = tmp_path / "events.jsonl"
+    status, output, _ = run_cluster(
+        ["--hosts", "2", "--nproc-per-host", "2", "--max-restarts", "1", "--env", f"OUT={out}",
+         "--env", "KILL_AT=between_steps", "--env", f"KILL_RANK={victims}", "--", JOBS, "restart"], tmp_path)
+    events = [json.loads(line) for line in out.read_text().splitlines()] if out.exists() else []
+    finished = [e for e in events if e["event"] == "done" and e["attempt"] == 1]
+    problems = [] if status == 0 else [f"the cluster's hosts exited with {status}"]
+    if sorted(e["rank"] for e in finished) != [0, 1, 2, 3] or not all(e["replica_equal"] for e in finished):
+        problems.append(f"the second attempt did not finish with equal replicas: {finished}")
+    kills = [e["at"] for e in events if e["event"] == "kill"]
+    restarted = [e["at"] for e in events if e["event"] == "step" and e["attempt"] == 1 and e["step"] == 0]
+    if kills and restarted:
+        print(f"2 hosts, ranks {victims} killed: from the kill to the second attempt's first step "
+              f"{min(restarted) - kills[0]:.2f} s")
+    if problems:
+        pytest.fail("\n".join(problems) + f"\n{output[-6000:]}")
+

@@ -329,8 +329,9 @@ def tasks_per_node(counts: list[int]) -> str:
 
 
 def plan(cluster: Cluster, launcher: str, nproc: int, argv: list[str], master_port: int,
-         base_env: dict[str, str], results: Path) -> list[Process]:
-    """The processes to start, one list entry per process, in host order."""
+         base_env: dict[str, str], results: Path, max_restarts: int = 0) -> list[Process]:
+    """The processes to start, one list entry per process, in host order. `max_restarts`:
+    torchrun's, on each host."""
     processes = []
     world = cluster.hosts * nproc
     for h in cluster.members:
@@ -343,7 +344,7 @@ def plan(cluster: Cluster, launcher: str, nproc: int, argv: list[str], master_po
             full = [sys.executable, "-m", "torch.distributed.run", "--nnodes", str(cluster.hosts),
                     "--nproc-per-node", str(nproc), "--node-rank", str(h.index),
                     "--master-addr", cluster.master.address, "--master-port", str(master_port),
-                    "--max-restarts", "0", *command]
+                    "--max-restarts", str(max_restarts), *command]
             processes.append(Process(h, full, dict(base_env), h.hostname))
         elif launcher == "none":
             env = dict(base_env, MASTER_ADDR=cluster.master.address, MASTER_PORT=str(master_port))
@@ -544,6 +545,9 @@ def build_parser() -> argparse.ArgumentParser:
                                                  "%(default)s; see above)")
     parser.add_argument("--master-port", type=int, default=29500,
                         help="rendezvous port on node0 (default: %(default)s)")
+    parser.add_argument("--max-restarts", type=int, default=0,
+                        help="torchrun's --max-restarts on each host: how often a host's agent "
+                             "restarts its ranks after one fails (default: %(default)s)")
     parser.add_argument("--env", action="append", default=[], metavar="KEY=VALUE",
                         help="set a variable in every host's processes; repeatable")
     parser.add_argument("--results", type=Path, default=None,
@@ -615,7 +619,7 @@ def main(argv: list[str] | None = None) -> int:
         if command:
             env = clean_env(args.env)
             processes = plan(cluster, args.launcher, args.nproc, command, args.master_port, env,
-                             results)
+                             results, args.max_restarts)
             for p in processes[:: max(1, len(processes) // args.hosts)]:
                 print(f"cluster: {p.label}: {shlex.join(p.argv)}", flush=True)
             start = time.monotonic()
