@@ -14,9 +14,10 @@ the sanitizer runs in tests/README.md (python then needs the sanitizer's runtime
 
 import glob
 import os
+import sys
 
 import torch
-from setuptools import find_packages, setup
+from setuptools import setup
 from torch.utils.cpp_extension import CUDA_HOME, BuildExtension, CppExtension, CUDAExtension
 
 ROOT = os.path.dirname(os.path.abspath(__file__))
@@ -94,12 +95,15 @@ else:
         extra_link_args=LINK_FLAGS,
     )
 
-setup(
-    name="torch-torus",
-    version="0.1.0",
-    description="Ring and 2D-torus collective communication backend for torch.distributed",
-    packages=find_packages(include=["torch_torus", "torch_torus.*"]),
-    ext_modules=[extension],
-    cmdclass={"build_ext": BuildExtension.with_options(use_ninja=True)},
-    python_requires=">=3.9",
-)
+class BuildKeepingObjects(BuildExtension.with_options(use_ninja=True)):
+    """Compiles into build/ of the source tree whichever command builds: pip install -e builds in
+    a temporary directory otherwise, so a second install (the README's test command after its
+    demo's, in one venv) compiled everything again; ninja now recompiles only what changed."""
+
+    def finalize_options(self):
+        super().finalize_options()
+        self.build_temp = os.path.join(ROOT, "build", f"objects-{sys.implementation.cache_tag}")
+
+
+# Name, version, description and packages: pyproject.toml.
+setup(ext_modules=[extension], cmdclass={"build_ext": BuildKeepingObjects})

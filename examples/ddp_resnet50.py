@@ -61,6 +61,9 @@ def parse_args() -> argparse.Namespace:
                         help="torch intra-op threads per rank; the default shares this host's cores "
                              "among its LOCAL_WORLD_SIZE ranks, since more threads than cores "
                              "makes every rank slower")
+    parser.add_argument("--compare", metavar="BACKEND", default=None,
+                        help="then train again over a group of this backend (e.g. gloo) and print "
+                             "both figures side by side")
     parser.add_argument("--comm-hook", choices=sorted(COMM_HOOKS), default="allreduce",
                         help="how DDP communicates gradients: allreduce (DDP's own), noop (no "
                              "communication at all: the compute-only bound), fp16 (compressed to "
@@ -136,54 +139,60 @@ def main() -> None:
         if rank == 0:
             print(text, flush=True)
 
-    model, model_source = resnet50(args.num_classes)
-    parameters = sum(p.numel() for p in model.parameters())
-    # DDP starts every rank from rank 0's weights; the device ids tell it which GPU is ours.
-    model = DistributedDataParallel(model.to(device),
-                                    device_ids=[device.index] if device.type == "cuda" else None)
-    register_comm_hook(model, args.comm_hook)
-    say(f"ResNet-50 from {model_source}: {parameters:,} parameters; backend {args.backend}, "
-        f"comm hook {args.comm_hook}, "
-        f"{world_size} ranks, batch {args.batch_size} per rank, {args.image_size}x{args.image_size} "
-        f"images, {args.threads} threads per rank, device {args.device}")
+    say("synthetic data: each rank's one random batch, reused every step, so the loss falls as the "
+        "model memorises it; the figure that counts is images/s")
 
-    # Each rank its own random batch, made once and reused every step.
-    generator = torch.Generator().manual_seed(rank)
-    images = torch.randn(args.batch_size, 3, args.image_size, args.image_size,
-                         generator=generator).to(device)
-    labels = torch.randint(0, args.num_classes, (args.batch_size,), generator=generator).to(device)
-    loss_function = nn.CrossEntropyLoss()
-    optimizer = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=0.9, weight_decay=1e-4)
+    def train(group: dist.ProcessGroup | None, backend: str) -> tuple[DistributedDataParallel, float]:
+        """DDP over `group` (None: the default one) for the warmup and timed steps; the model and
+        the images/s of all ranks together."""
+        model, model_source = resnet50(args.num_classes)
+        parameters = sum(p.numel() for p in model.parameters())
+        # DDP starts every rank from rank 0's weights; the device ids tell it which GPU is ours.
+        model = DistributedDataParallel(model.to(device), process_group=group,
+                                        device_ids=[device.index] if device.type == "cuda" else None)
+        register_comm_hook(model, args.comm_hook)
+        say(f"ResNet-50 from {model_source}: {parameters:,} parameters; backend {backend}, "
+            f"comm hook {args.comm_hook}, "
+            f"{world_size} ranks, batch {args.batch_size} per rank, {args.image_size}x{args.image_size} "
+            f"images, {args.threads} threads per rank, device {args.device}")
 
-    total_steps = args.warmup_steps + args.steps
-    for step in range(total_steps):
-        if step == args.warmup_steps:
-            dist.barrier()  # all ranks start the timed steps together
-            timed_start = time.perf_counter()
-        step_start = time.perf_counter()
-        optimizer.zero_grad(set_to_none=True)
-        loss = loss_function(model(images), labels)
-        loss.backward()  # DDP allreduces the gradients here, bucket by bucket
-        optimizer.step()
-        loss_value = loss.item()  # waits for the step to finish, on a GPU too
-        phase = "(warmup)" if step < args.warmup_steps else "(timed)"
-        say(f"step {step + 1:>4}/{total_steps} {phase:<8}  loss {loss_value:7.4f}  "
-            f"{time.perf_counter() - step_start:7.3f} s")
-    elapsed = time.perf_counter() - timed_start
+        # Each rank its own random batch, made once and reused every step.
+        generator = torch.Generator().manual_seed(rank)
+        images = torch.randn(args.batch_size, 3, args.image_size, args.image_size,
+                             generator=generator).to(device)
+        labels = torch.randint(0, args.num_classes, (args.batch_size,), generator=generator).to(device)
+        loss_function = nn.CrossEntropyLoss()
+        optimizer = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=0.9, weight_decay=1e-4)
 
-    images_per_second = args.batch_size * args.steps / elapsed
+        total_steps = args.warmup_steps + args.steps
+        for step in range(total_steps):
+            if step == args.warmup_steps:
+                dist.barrier()  # all ranks start the timed steps together
+                timed_start = time.perf_counter()
+            step_start = time.perf_counter()
+            optimizer.zero_grad(set_to_none=True)
+            loss = loss_function(model(images), labels)
+            loss.backward()  # DDP allreduces the gradients here, bucket by bucket
+            optimizer.step()
+            loss_value = loss.item()  # waits for the step to finish, on a GPU too
+            phase = "(warmup)" if step < args.warmup_steps else "(timed)"
+            say(f"step {step + 1:>4}/{total_steps} {phase:<8}  loss {loss_value:7.4f}  "
+                f"{time.perf_counter() - step_start:7.3f} s")
+        images_per_second = args.batch_size * args.steps / (time.perf_counter() - timed_start)
 
-    def over_ranks(op: dist.ReduceOp) -> float:
-        value = torch.tensor([images_per_second], dtype=torch.float64, device=device)
-        dist.all_reduce(value, op=op)
-        return value.item()
+        def over_ranks(op: dist.ReduceOp) -> float:
+            value = torch.tensor([images_per_second], dtype=torch.float64, device=device)
+            dist.all_reduce(value, op=op)
+            return value.item()
 
-    slowest, fastest, total = (over_ranks(op) for op in
-                               (dist.ReduceOp.MIN, dist.ReduceOp.MAX, dist.ReduceOp.SUM))
-    say(f"images/s per rank: {total / world_size:.2f} mean ({slowest:.2f} slowest, "
-        f"{fastest:.2f} fastest)")
-    say(f"images/s total:    {total:.2f} over {world_size} ranks")
+        slowest, fastest, total = (over_ranks(op) for op in
+                                   (dist.ReduceOp.MIN, dist.ReduceOp.MAX, dist.ReduceOp.SUM))
+        say(f"images/s per rank: {total / world_size:.2f} mean ({slowest:.2f} slowest, "
+            f"{fastest:.2f} fastest)")
+        say(f"images/s total:    {total:.2f} over {world_size} ranks")
+        return model, total
 
+    model, total = train(None, args.backend)
     if args.backend == "torus":
         # DDP allreduces gradients in buckets of about bucket_bytes_cap (25 MiB by default; a
         # bucket closes at the first parameter that reaches the cap, so some are larger).
@@ -195,6 +204,11 @@ def main() -> None:
         except Exception as error:  # algorithm_for is newer than the backend; reporting is optional
             algorithm = f"unknown ({type(error).__name__}: {error})"
         say(f"torus allreduce algorithm for {bucket_bytes / 2**20:g} MiB gradient buckets: {algorithm}")
+    if args.compare:
+        say(f"the same over {args.compare}:")
+        _, theirs = train(dist.new_group(backend=args.compare), args.compare)
+        say(f"images/s total: {args.backend} {total:.2f}, {args.compare} {theirs:.2f} "
+            f"({args.backend} / {args.compare} = {total / theirs:.2f})")
     dist.destroy_process_group()
 
 

@@ -60,9 +60,38 @@ def pytest_sessionfinish(session, exitstatus):
     harness.shutdown_all()
 
 
+# Why tests skip, by cause, for the run's last lines: (cause, words of the skip reasons it covers).
+SKIP_CAUSES = [
+    ("no GPU or no CUDA build", ("no GPU", "built without CUDA", "without its CUDA path", "nvcc", "CUDA")),
+    ("no MPI", ("mpi4py", "mpiexec", "MPI")),
+    ("no network namespaces", ("emulate a cluster",)),
+    ("a dtype/op pair every device rejects", ("rejected on every device",)),
+    ("not for this backend", ("TORUS_TEST_BACKENDS", "torus's", "gloo")),
+]
+
+
+def skip_causes(reasons):
+    """{cause: count} for skip reasons (a reason matching no cause counts as "other")."""
+    counts = {}
+    for reason in reasons:
+        cause = next((c for c, words in SKIP_CAUSES if any(w in reason for w in words)), "other")
+        counts[cause] = counts.get(cause, 0) + 1
+    return counts
+
+
 def pytest_terminal_summary(terminalreporter, exitstatus, config):
     s = harness.STATS
+    # Pools are replaced after any failing case, expected failures (xfail) included.
     terminalreporter.write_line(
         f"torus harness: {s['pools_started']} pools started ({s['workers_started']} worker "
         f"processes incl. one-off jobs), {s['startup_seconds']:.1f}s in pool start-up, "
-        f"{s['pools_killed_on_failure']} pools killed after a failing case")
+        f"{s['pools_killed_on_failure']} replaced after a case that failed or was expected to")
+    skipped = terminalreporter.stats.get("skipped", [])
+    reasons = [report.longrepr[2] if isinstance(report.longrepr, tuple) else str(report.longrepr)
+               for report in skipped]
+    if reasons:
+        counts = skip_causes(reasons)
+        terminalreporter.write_line(
+            f"skipped {len(reasons)}: " + ", ".join(f"{n} {cause}" for cause, n in
+                                                     sorted(counts.items(), key=lambda item: -item[1]))
+            + " (pytest -rs lists each)")

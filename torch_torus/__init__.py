@@ -14,6 +14,7 @@ import torch
 import torch.distributed as dist
 
 from . import _C
+from ._version import __version__
 from .config import SETTINGS, ConfigError, Options, resolve
 from .hybrid import HostGroups, HybridAverager, HybridUpdateError, host_groups
 from .launch import init_from_launcher, init_from_mpi, init_from_slurm
@@ -24,7 +25,7 @@ from .topology import (agree_epoch, choose_grid, choose_transport, host_identity
 from .tuning import read as read_tuning
 from .tuning import tuned_allreduce
 
-__all__ = ["Options", "ConfigError", "SETTINGS", "BACKEND_NAME", "algorithm_for", "traffic", "reset_traffic",
+__all__ = ["__version__", "Options", "ConfigError", "SETTINGS", "BACKEND_NAME", "algorithm_for", "traffic", "reset_traffic",
            "init_from_mpi", "init_from_slurm", "init_from_launcher", "monitored_barrier",
            "host_groups", "HostGroups", "HybridAverager", "HybridUpdateError"]
 

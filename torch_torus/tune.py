@@ -132,7 +132,7 @@ def main(argv: list[str] | None = None) -> None:
                  "min_round_ms": args.min_round_ms}
         entry = tuning.make_entry(layout, sizes, time_us, about)
         tuning.write(output, entry)
-        print(f"# {'size':>10} " + " ".join(f"{a:>18}" for a in algorithms)
+        print(f"# {'size':>10} " + " ".join(f"{a:>18}" for a in algorithms) + "   fastest"
               + "   (us, best round; -: the algorithm's group runs another at that size)")
         for i, size in enumerate(sizes):
             cells = (f"{time_us[a][i]:>18.1f}" if time_us[a][i] is not None else f"{'-':>18}" for a in algorithms)

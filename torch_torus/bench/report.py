@@ -91,10 +91,10 @@ def header(collective: Collective, args: argparse.Namespace, hostnames: list[str
             f"; after the first round, as many calls as last {args.min_round_ms:g} ms"
             if args.rounds > 1 and args.min_round_ms > 0 else ""),
         f"# time = mean per call, slowest rank; algbw = size / time; "
-        f"busbw = algbw * {collective.bus_factor_doc} (n = {collective.world_size})",
+        f"busbw = algbw * {collective.bus_factor_doc} (n = {collective.world_size}); #wrong = "
+        + ("elements that differ from the reference" if args.check else "- (results not checked: pass --check)"),
         f"# torch {torch.__version__}" + (
-            f", torch_torus {getattr(sys.modules['torch_torus'], '__version__', '(no version)')}"
-            if "torch_torus" in sys.modules else ""),
+            f", torch_torus {sys.modules['torch_torus'].__version__}" if "torch_torus" in sys.modules else ""),
     ]
     copy: DeviceCopy | None = getattr(args, "device_copy", None)
     if copy is not None:
