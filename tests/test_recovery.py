@@ -41,6 +41,14 @@ def _torchrun(tmp_path, args, mode, env, ranks):
     return done, events
 
 
+def _report_restart(events, label):
+    """Prints the time from the first kill to the second attempt's first step (for BENCHMARKS.md)."""
+    kills = [e["at"] for e in events if e["event"] == "kill"]
+    restarted = [e["at"] for e in events if e["event"] == "step" and e["attempt"] == 1 and e["step"] == 0]
+    if kills and restarted:
+        print(f"{label}: from the kill to the second attempt's first step {min(restarted) - kills[0]:.2f} s")
+
+
 def _standalone(tmp_path):
     return ["--standalone"]
 
@@ -70,11 +78,7 @@ def test_torchrun_restart_after_a_kill(tmp_path, rendezvous, kill_at):
     left = _shm_entries() - shm_before
     if left:
         problems.append(f"left in /dev/shm: {sorted(left)}")
-    kills = [e["at"] for e in events if e["event"] == "kill"]
-    restarted = [e["at"] for e in events if e["event"] == "step" and e["attempt"] == 1 and e["step"] == 0]
-    if kills and restarted:
-        print(f"{rendezvous}, kill at {kill_at}: from the kill to the second attempt's first step "
-              f"{min(restarted) - kills[0]:.2f} s")
+    _report_restart(events, f"{rendezvous}, kill at {kill_at}")
     if problems:
         pytest.fail("\n".join(problems) + f"\nevents: {events}\nstderr:\n{done.stderr[-6000:]}")
 
@@ -171,11 +175,7 @@ def test_torchrun_restart_across_emulated_hosts(cluster_available, tmp_path, vic
     problems = [] if status == 0 else [f"the cluster's hosts exited with {status}"]
     if sorted(e["rank"] for e in finished) != [0, 1, 2, 3] or not all(e["replica_equal"] for e in finished):
         problems.append(f"the second attempt did not finish with equal replicas: {finished}")
-    kills = [e["at"] for e in events if e["event"] == "kill"]
-    restarted = [e["at"] for e in events if e["event"] == "step" and e["attempt"] == 1 and e["step"] == 0]
-    if kills and restarted:
-        print(f"2 hosts, ranks {victims} killed: from the kill to the second attempt's first step "
-              f"{min(restarted) - kills[0]:.2f} s")
+    _report_restart(events, f"2 hosts, ranks {victims} killed")
     if problems:
         pytest.fail("\n".join(problems) + f"\n{output[-6000:]}")
 

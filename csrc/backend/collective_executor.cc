@@ -230,10 +230,14 @@ void CollectiveExecutor::failStalled(std::unique_lock<std::mutex>& lock) {
   failure_->record(first + ": " + why);
   lock.unlock();
   transport_->abort(first + ": " + why);
-  for (Job& job : stalled) {
-    job.work->fail(asTorchError(std::make_exception_ptr(CommError(CommError::Kind::kTimeout, why)), contextOf(job)));
-  }
+  failQueued(stalled, CommError(CommError::Kind::kTimeout, why));
   lock.lock();
+}
+
+void CollectiveExecutor::failQueued(std::deque<Job>& jobs, const CommError& error) {
+  for (Job& job : jobs) {
+    job.work->fail(asTorchError(std::make_exception_ptr(error), contextOf(job)));
+  }
 }
 
 std::exception_ptr CollectiveExecutor::attempt(Job& job) {
@@ -381,10 +385,7 @@ void CollectiveExecutor::stop(bool abortPending) {
   }
   queueChanged_.notify_all();
   stallChanged_.notify_all();
-  for (auto& job : abandoned) {
-    job.work->fail(asTorchError(
-        std::make_exception_ptr(CommError(CommError::Kind::kAborted, "the process group was aborted")), contextOf(job)));
-  }
+  failQueued(abandoned, CommError(CommError::Kind::kAborted, "the process group was aborted"));
   if (worker_.joinable()) {
     worker_.join();
   }

@@ -105,6 +105,8 @@ class CollectiveExecutor {
   void watchStalls();
   // With mutex_ held (released meanwhile): fails the group and every queued job.
   void failStalled(std::unique_lock<std::mutex>& lock);
+  // Fails the works of jobs taken off the queue, never started, with `error`.
+  void failQueued(std::deque<Job>& jobs, const CommError& error);
   // Runs one job; the error its caller gets, or null.
   std::exception_ptr attempt(Job& job);
   // With mutex_ held: makes the calling thread the runner when nothing is queued or running.

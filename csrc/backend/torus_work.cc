@@ -104,8 +104,9 @@ bool TorusWork::wait(std::chrono::milliseconds timeout) {
       doneChanged_.wait(lock, done);
     } else if (!doneChanged_.wait_for(lock, timeout, done)) {
       lock.unlock();
-      std::string what = label_->context(title_, getSequencenumber()) + ": Work.wait timed out" + timeoutExpired(timeout);
-      if (auto missing = arrivals_->describeMissing(getSequencenumber()); !missing.empty()) {
+      const uint64_t seq = getSequencenumber();
+      std::string what = label_->context(title_, seq) + ": Work.wait timed out" + timeoutExpired(timeout);
+      if (auto missing = arrivals_->describeMissing(seq); !missing.empty()) {
         what += "; " + missing;
       }
       C10_THROW_ERROR(DistBackendError, what + " (the collective goes on, bounded by its own timeout)");
