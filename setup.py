@@ -8,12 +8,18 @@ and a CUDA toolkit is found; otherwise the extension is built CPU-only from the 
 TORUS_BUILD_CUDA=0 forces the CPU-only build (e.g. a toolkit whose major version differs from
 torch's, which torch's build refuses), TORUS_BUILD_CUDA=1 makes a missing CUDA an error.
 
+The OFI transport (csrc/transport/ofi/) is compiled in when libfabric is found: by pkg-config, or
+under TORUS_OFI_HOME (its include/ and lib/). TORUS_BUILD_OFI=0 leaves it out, TORUS_BUILD_OFI=1
+makes a missing libfabric an error; without it, TORUS_TRANSPORT=ofi says how to get it.
+
 TORUS_SANITIZE=address or thread builds the C++ with AddressSanitizer or ThreadSanitizer, for
 the sanitizer runs in tests/README.md (python then needs the sanitizer's runtime preloaded).
 """
 
 import glob
 import os
+import shutil
+import subprocess
 import sys
 
 import torch
@@ -72,15 +78,63 @@ def build_cuda():
     return True
 
 
+def find_libfabric():
+    """(include dirs, library dirs, libraries) of libfabric, or the reason it is not used."""
+    choice = os.environ.get("TORUS_BUILD_OFI", "auto")
+    if choice not in ("auto", "0", "1"):
+        raise SystemExit(f"TORUS_BUILD_OFI={choice!r}: expected auto, 0 or 1")
+    if choice == "0":
+        return "TORUS_BUILD_OFI=0"
+    home = os.environ.get("TORUS_OFI_HOME", "")
+    found = None
+    if home:
+        header = os.path.join(home, "include", "rdma", "fabric.h")
+        if not os.path.exists(header):
+            raise SystemExit(f"TORUS_OFI_HOME={home!r}: no {header}")
+        lib = next((d for d in ("lib64", "lib") if glob.glob(os.path.join(home, d, "libfabric.so*"))), "lib")
+        found = ([os.path.join(home, "include")], [os.path.join(home, lib)], ["fabric"])
+    elif shutil.which("pkg-config"):
+        result = subprocess.run(["pkg-config", "--cflags-only-I", "--libs", "libfabric"], capture_output=True, text=True)
+        if result.returncode == 0:
+            flags = result.stdout.split()
+            found = ([f[2:] for f in flags if f.startswith("-I")], [f[2:] for f in flags if f.startswith("-L")],
+                     [f[2:] for f in flags if f.startswith("-l")])
+    if found is None:
+        reason = "libfabric not found (pkg-config libfabric, or TORUS_OFI_HOME)"
+        if choice == "1":
+            raise SystemExit(f"TORUS_BUILD_OFI=1 but {reason}")
+        return reason
+    return found
+
+
 # Sources under a cuda/ directory use the CUDA runtime (and c10's CUDA side): CUDA builds only.
 cuda_sources = sources_matching("csrc/**/cuda/*.cc", "csrc/**/*.cu")
-cpp_sources = [path for path in sources_matching("csrc/*.cpp", "csrc/**/*.cc") if path not in cuda_sources]
+# Sources under an ofi/ directory use libfabric; without it, ofi_unavailable.cc stands in.
+ofi_sources = sources_matching("csrc/**/ofi/*.cc")
+ofi_absent = sources_matching("csrc/transport/ofi_unavailable.cc")
+cpp_sources = [path for path in sources_matching("csrc/*.cpp", "csrc/**/*.cc")
+               if path not in cuda_sources + ofi_sources + ofi_absent]
 include_dirs = [os.path.join(ROOT, "csrc")]
+library_dirs, libraries = [], []
+libfabric = find_libfabric()
+if isinstance(libfabric, str):
+    print(f"torch-torus: building without the OFI transport: {libfabric}")
+    cpp_sources += ofi_absent
+else:
+    print(f"torch-torus: building with the OFI transport (libfabric: {' '.join(libfabric[1]) or 'system'})")
+    cpp_sources += ofi_sources
+    include_dirs += libfabric[0]
+    library_dirs += libfabric[1]
+    libraries += libfabric[2]
+    # The library's directory, so that the module finds it at run time without LD_LIBRARY_PATH.
+    LINK_FLAGS = LINK_FLAGS + [f"-Wl,-rpath,{d}" for d in libfabric[1]]
 if build_cuda():
     extension = CUDAExtension(
         name="torch_torus._C",
         sources=cpp_sources + cuda_sources,
         include_dirs=include_dirs,
+        library_dirs=library_dirs,
+        libraries=libraries,
         define_macros=[("TORUS_WITH_CUDA", "1")],
         # No --use_fast_math: AVG divides exactly, as the CPU path does.
         extra_compile_args={"cxx": CXX_FLAGS, "nvcc": ["-O3"]},
@@ -91,6 +145,8 @@ else:
         name="torch_torus._C",
         sources=cpp_sources,
         include_dirs=include_dirs,
+        library_dirs=library_dirs,
+        libraries=libraries,
         extra_compile_args=CXX_FLAGS,
         extra_link_args=LINK_FLAGS,
     )

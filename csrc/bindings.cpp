@@ -8,6 +8,7 @@
 #include "collectives/blocks.h"
 #include "device_collectives_on_host.h"
 #include "subset_comms.h"
+#include "transport/ofi/ofi_transport.h"
 #include "transport/shared_memory.h"
 #ifdef TORUS_WITH_CUDA
 #include "reduce/cuda/reduce_cuda.h"
@@ -44,6 +45,7 @@ PYBIND11_MODULE(_C, module) {
   module.doc() = "torch-torus: collective communication backend for torch.distributed";
   // c10d's Python types must exist before we derive from them.
   py::module::import("torch.distributed");
+  module.attr("built_with_ofi") = torus::ofiBuilt();
 
   // The algorithm catalog, for the Python configuration, selection, cost model, tuner and bench.
   module.def("algorithm_catalog", [] {
@@ -81,6 +83,8 @@ PYBIND11_MODULE(_C, module) {
       .def(py::init<>())
       .def_readwrite("transport", &torus::TorusConfig::transport)
       .def_readwrite("address", &torus::TorusConfig::address)
+      .def_readwrite("ofi_provider", &torus::TorusConfig::ofiProvider)
+      .def_readwrite("ofi_rma_bytes", &torus::TorusConfig::ofiRmaBytes)
       .def_readwrite("chunk_bytes", &torus::TorusConfig::chunkBytes)
       .def_readwrite("eager_bytes", &torus::TorusConfig::eagerBytes)
       .def_readwrite("eager_window", &torus::TorusConfig::eagerWindowBytes)

@@ -19,6 +19,7 @@
 #include "callback_rendezvous.h"
 #include "comm/comm.h"
 #include "transport/hybrid_transport.h"
+#include "transport/tcp/tcp_transport.h"
 
 namespace py = pybind11;
 

@@ -28,7 +28,7 @@ from .units import parse_duration, parse_rate, parse_size, render_bit_rate, rend
 ALGORITHMS: dict[str, tuple[str, ...]] = algorithms.CHOOSABLE
 TORUS_INNER_ALGORITHMS = algorithms.TORUS_INNER
 SHARED_MEMORY_ALGORITHMS = algorithms.SHARED_MEMORY
-TRANSPORTS = ("auto", "tcp", "shm")
+TRANSPORTS = ("auto", "tcp", "shm", "ofi", "shm+ofi")
 LOG_LEVELS = ("warn", "info", "debug")
 MAX_BYTES = (1 << 64) - 1  # "max" in a rule: no upper bound
 DEFAULT_CHUNK_BYTES = algorithms.DEFAULT_CHUNK_BYTES
@@ -73,6 +73,16 @@ def _one_of(choices: tuple[str, ...]) -> Callable[[str], str]:
         return value
 
     return parse
+
+
+def _provider_name(text: str) -> str:
+    """A libfabric provider name as fi_info lists it ("tcp", "verbs", "tcp;ofi_rxm"); empty:
+    libfabric's choice."""
+    value = str(text).strip()
+    if value and not re.fullmatch(r"[A-Za-z0-9_;.-]+", value):
+        raise ValueError("a libfabric provider name as `fi_info -l` lists it (tcp, verbs, shm, "
+                         "tcp;ofi_rxm, ...), or empty for libfabric's choice")
+    return value
 
 
 def _interface_name(text: str) -> str:
@@ -259,9 +269,27 @@ SETTINGS: tuple[Setting, ...] = (
         "auto",
         _one_of(TRANSPORTS),
         "How ranks move bytes: shm (shared memory, with single copies between processes where "
-        "the kernel allows; every rank on one host), tcp, or auto: shm when all ranks share a "
-        "host; across hosts, shared memory inside each host and tcp between hosts when some host "
-        "holds several ranks, else tcp.",
+        "the kernel allows; every rank on one host), tcp, ofi (libfabric: the cluster's fabric "
+        "through TORUS_OFI_PROVIDER; needs a build with libfabric), shm+ofi (shared memory inside "
+        "each host, ofi between hosts), or auto: shm when all ranks share a host; across hosts, "
+        "shared memory inside each host and tcp between hosts when some host holds several ranks, "
+        "else tcp.",
+    ),
+    Setting(
+        "TORUS_OFI_PROVIDER",
+        "",
+        _provider_name,
+        "libfabric provider of the ofi transport (tcp, verbs, psm3, cxi, efa, shm, ...); empty: "
+        "libfabric's first with tagged reliable-datagram endpoints (FI_PROVIDER narrows it).",
+    ),
+    Setting(
+        "TORUS_OFI_RMA_BYTES",
+        "256K",
+        _byte_count,
+        "Over ofi, messages above this size go by RMA reads (the receiver reads the sender's "
+        "registered buffer, no copy on either side) where the provider offers them; smaller ones "
+        "and all on providers without RMA as tagged sends through bounce buffers.",
+        _render_size,
     ),
     Setting(
         "TORUS_HOST_ID",

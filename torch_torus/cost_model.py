@@ -99,7 +99,10 @@ DEFAULT_MACHINE = Machine(latency=260e-6, bandwidth=0.41e9, reduce_rate=2.5e9, m
 SHM_MACHINE = Machine(latency=2.5e-6, bandwidth=5.06e9, reduce_rate=10.0e9, message_overhead=10.9e-6,
                       crowded_latency=21.5e-6)
 # Across hosts (shm+tcp: shared memory inside each host) the network bounds what the model sees.
-MACHINES = {"tcp": DEFAULT_MACHINE, "shm": SHM_MACHINE, "shm+tcp": DEFAULT_MACHINE}
+# ofi over libfabric's tcp provider costs what torus's TCP does (BENCHMARKS.md, issue 31); on an
+# RDMA fabric the tuner fits its own (python -m torch_torus.tune).
+MACHINES = {"tcp": DEFAULT_MACHINE, "shm": SHM_MACHINE, "shm+tcp": DEFAULT_MACHINE, "ofi": DEFAULT_MACHINE,
+            "shm+ofi": DEFAULT_MACHINE}
 
 # TCP payload per byte a link carries: 1448 payload bytes (MSS with timestamps) per 1538-byte
 # Ethernet frame at MTU 1500 (preamble and gap included). TCP measured 0.93-0.96 of a tbf-shaped

@@ -190,8 +190,9 @@ def rendezvous_environ(store, environ: Mapping[str, str] | None = None) -> Mappi
     return environ
 
 
-# What a group runs over: shm+tcp is shared memory inside each host and TCP between hosts.
-GROUP_TRANSPORTS = ("tcp", "shm", "shm+tcp")
+# What a group runs over: shm+tcp (shm+ofi) is shared memory inside each host and TCP (OFI)
+# between hosts.
+GROUP_TRANSPORTS = ("tcp", "shm", "shm+tcp", "ofi", "shm+ofi")
 
 
 def choose_transport(setting: str, hosts: list[str]) -> str:
@@ -200,7 +201,8 @@ def choose_transport(setting: str, hosts: list[str]) -> str:
     if setting == "shm" and not one_host:
         raise ConfigError(
             f"TORUS_TRANSPORT=shm needs every rank on one host, but this group spans {len(set(hosts))} "
-            "hosts (by host name, boot id and network namespace, or TORUS_HOST_ID); allowed here: tcp, auto")
+            "hosts (by host name, boot id and network namespace, or TORUS_HOST_ID); allowed here: tcp, ofi, "
+            "shm+ofi, auto")
     if setting == "auto":
         if one_host:
             return "shm"

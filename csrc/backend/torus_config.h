@@ -25,9 +25,14 @@ struct AlgorithmRule {
 inline constexpr uint64_t kDefaultInlineBytes = uint64_t{1} << 20;
 
 struct TorusConfig {
-  // "tcp", "shm" when every rank of the group shares this host's memory, or "shm+tcp".
+  // "tcp", "shm" when every rank of the group shares this host's memory, "ofi", or "shm+tcp" /
+  // "shm+ofi" (shared memory inside each host, the network transport between hosts).
   std::string transport = "tcp";
   std::string address = "127.0.0.1";
+  // TORUS_OFI_PROVIDER: the libfabric provider of "ofi"; empty: libfabric's choice.
+  std::string ofiProvider;
+  // TORUS_OFI_RMA_BYTES: messages above this go by RMA reads over "ofi".
+  uint64_t ofiRmaBytes = 256 * 1024;
   int64_t chunkBytes = static_cast<int64_t>(Chunking().chunkBytes);
   // The message layer's flow control (MessageOptions).
   uint64_t eagerBytes = MessageOptions().eagerBytes;

@@ -4,6 +4,8 @@
 
 #include "backend/tensor_checks.h"
 #include "transport/hybrid_transport.h"
+#include "transport/ofi/ofi_transport.h"
+#include "transport/tcp/tcp_transport.h"
 #include "transport/rendezvous.h"
 
 namespace torus {
@@ -39,8 +41,9 @@ class StoreRendezvous : public Rendezvous {
 GroupTransport buildTransport(const c10::intrusive_ptr<c10d::Store>& store, int rank, int size,
                               std::chrono::milliseconds timeout, const TorusConfig& config,
                               const std::string& groupName) {
-  TORUS_CHECK_ARG(config.transport == "tcp" || config.transport == "shm" || config.transport == "shm+tcp",
-                  "unknown transport '", config.transport, "'; expected tcp, shm or shm+tcp");
+  TORUS_CHECK_ARG(config.transport == "tcp" || config.transport == "shm" || config.transport == "shm+tcp" ||
+                      config.transport == "ofi" || config.transport == "shm+ofi",
+                  "unknown transport '", config.transport, "'; expected tcp, shm, ofi, shm+tcp or shm+ofi");
   TORUS_CHECK_ARG(config.hosts.empty() || config.hosts.size() == static_cast<size_t>(size), config.hosts.size(),
                   " host indices for a group of ", size, " ranks");
   GroupTransport group;
@@ -65,15 +68,42 @@ GroupTransport buildTransport(const c10::intrusive_ptr<c10d::Store>& store, int 
                           (shm->singleCopy() ? "single-copy transfers" : "no single-copy transfers: two_shot off") +
                           ")";
       group.transport = std::move(shm);
-    } else if (config.transport == "shm+tcp") {
-      TORUS_CHECK_ARG(!hostMembers.empty(), "transport shm+tcp needs the ranks' hosts");
-      group.transport = std::make_shared<HybridTransport>(
-          std::make_unique<TcpTransport>(rank, size, rendezvous, tcp),
-          std::make_unique<ShmTransport>(rank, size, *rendezvous, hostMembers, messages), group.sameHost);
-      group.description = "shared memory inside each host, tcp between hosts (" + config.address + ")";
-    } else {
+    } else if (config.transport == "tcp") {
       group.transport = std::make_shared<TcpTransport>(rank, size, rendezvous, tcp);
       group.description = "tcp (" + config.address + ")";
+    } else {
+      // The network between hosts: TCP, or libfabric.
+      std::unique_ptr<PolledTransport> network;
+      std::string networkDescription;
+      if (config.transport == "shm+tcp") {
+        network = std::make_unique<TcpTransport>(rank, size, rendezvous, tcp);
+        networkDescription = "tcp (" + config.address + ")";
+      } else {
+        OfiOptions ofi;
+        ofi.provider = config.ofiProvider;
+        ofi.address = config.address;
+        ofi.timeout = timeout;
+        ofi.rmaAbove = config.ofiRmaBytes;
+        ofi.messages = messages;
+        try {
+          network = makeOfiTransport(rank, size, rendezvous, ofi, &networkDescription);
+        } catch (const std::invalid_argument& e) {
+          C10_THROW_ERROR(ValueError, e.what());
+        } catch (const std::runtime_error& e) {
+          C10_THROW_ERROR(DistBackendError, std::string("torus: cannot create group '") + groupName + "': " +
+                                                e.what());
+        }
+      }
+      if (config.transport == "ofi") {
+        group.transport = std::shared_ptr<PolledTransport>(std::move(network));
+        group.description = networkDescription;
+      } else {
+        TORUS_CHECK_ARG(!hostMembers.empty(), "transport ", config.transport, " needs the ranks' hosts");
+        group.transport = std::make_shared<HybridTransport>(
+            std::move(network), std::make_unique<ShmTransport>(rank, size, *rendezvous, hostMembers, messages),
+            group.sameHost);
+        group.description = "shared memory inside each host, " + networkDescription + " between hosts";
+      }
     }
   } catch (const CommError& e) {
     C10_THROW_ERROR(DistBackendError, std::string("torus: cannot create group '") + groupName + "': " + e.what());

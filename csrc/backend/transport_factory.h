@@ -1,5 +1,6 @@
-// Builds a group's transport from its configuration: TCP between any two ranks, shared memory
-// when every rank shares this host, or both (shared memory inside each host, TCP between hosts).
+// Builds a group's transport from its configuration: TCP or libfabric (OFI) between any two ranks,
+// shared memory when every rank shares this host, or both (shared memory inside each host, TCP or
+// OFI between hosts).
 // The one place in the backend that names concrete transports, as torch's GlooDeviceFactory is.
 #pragma once
 

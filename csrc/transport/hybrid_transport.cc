@@ -4,21 +4,21 @@
 
 namespace torus {
 
-HybridTransport::HybridTransport(std::unique_ptr<TcpTransport> tcp, std::unique_ptr<ShmTransport> shm,
+HybridTransport::HybridTransport(std::unique_ptr<PolledTransport> network, std::unique_ptr<ShmTransport> shm,
                                  std::vector<bool> sameHost)
-    : tcp_(std::move(tcp)), shm_(std::move(shm)), sameHost_(std::move(sameHost)) {}
+    : network_(std::move(network)), shm_(std::move(shm)), sameHost_(std::move(sameHost)) {}
 
 PolledTransport& HybridTransport::route(int peer, uint64_t tag) const {
   const bool local = peer >= 0 && peer < size() && sameHost_[static_cast<size_t>(peer)] && peer != rank();
   if (local && tag < kP2PTagBase) {
     return *shm_;
   }
-  return *tcp_;
+  return *network_;
 }
 
 PolledTransport& HybridTransport::ownerOf(const RequestPtr& request) const {
   return static_cast<const PendingOp&>(*request).owner == shm_.get() ? static_cast<PolledTransport&>(*shm_)
-                                                                       : static_cast<PolledTransport&>(*tcp_);
+                                                                       : *network_;
 }
 
 RequestPtr HybridTransport::isend(int peer, uint64_t tag, const CallSignature& call, const void* buf,
@@ -47,9 +47,9 @@ void HybridTransport::wait(const std::vector<RequestPtr>& requests, Deadline dea
       localDone = shm_->waitFor(local, slice);
     }
     if (remoteDone) {
-      tcp_->poke();
+      network_->poke();
     } else {
-      remoteDone = tcp_->waitFor(remote, slice);
+      remoteDone = network_->waitFor(remote, slice);
     }
     if (localDone && remoteDone) {
       return;
@@ -67,12 +67,12 @@ bool HybridTransport::test(const RequestPtr& request) {
 
 void HybridTransport::abort(const std::string& why) {
   shm_->abort(why);
-  tcp_->abort(why);
+  network_->abort(why);
 }
 
 std::optional<Transport::StrayMessage> HybridTransport::strayMessage(uint64_t upToTag) {
   auto stray = shm_->strayMessage(upToTag);
-  return stray ? stray : tcp_->strayMessage(upToTag);
+  return stray ? stray : network_->strayMessage(upToTag);
 }
 
 std::shared_ptr<SharedMemory> HybridTransport::sharedMemory(const std::vector<int>& members,

@@ -1,10 +1,11 @@
-// HybridTransport: shared memory to the ranks of this host, TCP to the others — for a group
-// whose ranks span several hosts with more than one rank on some of them. A host-rowed torus
-// then runs its row phases in shared memory and only its column phase on the network.
+// HybridTransport: shared memory to the ranks of this host, a network transport (TCP or OFI) to
+// the others — for a group whose ranks span several hosts with more than one rank on some of
+// them. A host-rowed torus then runs its row phases in shared memory and only its column phase
+// on the network.
 //
 // Both transports number ranks as the group does. A collective's message goes by shared memory
-// when its peer shares this host; point-to-point messages always go by TCP, which connects every
-// pair, so a receive from any rank has one place to match.
+// when its peer shares this host; point-to-point messages always go by the network, which
+// connects every pair, so a receive from any rank has one place to match.
 //
 // Waiting: requests are routed back to the transport that made them. The wait alternates between
 // the two in slices of kSlice: it waits on one side's requests (progress, then a sleep on its own
@@ -18,7 +19,6 @@
 #include <vector>
 
 #include "transport/shm/shm_transport.h"
-#include "transport/tcp/tcp_transport.h"
 
 namespace torus {
 
@@ -27,13 +27,14 @@ class HybridTransport : public Transport {
   static constexpr auto kSlice = std::chrono::microseconds(500);
 
   // sameHost[r]: rank r shares this process's host.
-  HybridTransport(std::unique_ptr<TcpTransport> tcp, std::unique_ptr<ShmTransport> shm, std::vector<bool> sameHost);
+  HybridTransport(std::unique_ptr<PolledTransport> network, std::unique_ptr<ShmTransport> shm,
+                  std::vector<bool> sameHost);
 
   int rank() const override {
-    return tcp_->rank();
+    return network_->rank();
   }
   int size() const override {
-    return tcp_->size();
+    return network_->size();
   }
   RequestPtr isend(int peer, uint64_t tag, const CallSignature& call, const void* buf, size_t nbytes) override;
   RequestPtr irecv(int peer, uint64_t tag, const CallSignature& call, void* buf, size_t nbytes) override;
@@ -49,7 +50,7 @@ class HybridTransport : public Transport {
   PolledTransport& route(int peer, uint64_t tag) const;
   PolledTransport& ownerOf(const RequestPtr& request) const;
 
-  std::unique_ptr<TcpTransport> tcp_;
+  std::unique_ptr<PolledTransport> network_;
   std::unique_ptr<ShmTransport> shm_;
   std::vector<bool> sameHost_;
 };

@@ -32,9 +32,18 @@ class Link {
   virtual size_t peerReadsAbove() const {
     return SIZE_MAX;
   }
-  // Copies n bytes at `address` in the peer's memory into dst. Throws CommError when it cannot
-  // (the kernel refuses, or the peer gave up on the group and its buffer may be gone).
-  virtual void readPeerMemory(uint64_t address, char* dst, size_t n);
+  // Before a message above peerReadsAbove() is announced: lets the peer read the n bytes at buf
+  // until endLoan(key); returns the key its readPeerMemory needs besides the address (0 where
+  // the Link needs none). Throws CommError when the memory cannot be lent.
+  virtual uint64_t lend(const void* buf, size_t n) {
+    return 0;
+  }
+  // The peer has read the lent memory, or will not: it may be reused or freed.
+  virtual void endLoan(uint64_t key) {}
+  // Copies n bytes at `address` (lent with `key`) in the peer's memory into dst. Throws
+  // CommError when it cannot (the kernel refuses, or the peer gave up on the group and its
+  // buffer may be gone).
+  virtual void readPeerMemory(uint64_t address, uint64_t key, char* dst, size_t n);
 };
 
 } // namespace torus

@@ -33,7 +33,10 @@ std::string rankName(int rank) {
 
 } // namespace
 
-struct MessageTransport::Op : PendingOp {};
+struct MessageTransport::Op : PendingOp {
+  // A send whose payload the peer's Link reads: the key its own Link lent it with.
+  std::optional<uint64_t> loan;
+};
 
 // A frame waiting to go out, with the send it carries or announces (none for the layer's own).
 struct MessageTransport::Frame {
@@ -96,7 +99,7 @@ struct MessageTransport::Peer {
   uint64_t probedTag = UINT64_MAX;
 };
 
-void Link::readPeerMemory(uint64_t address, char* dst, size_t n) {
+void Link::readPeerMemory(uint64_t address, uint64_t key, char* dst, size_t n) {
   throw CommError(CommError::Kind::kPeer, "this link cannot read the peer's memory");
 }
 
@@ -104,6 +107,17 @@ MessageTransport::MessageTransport(int rank, int size, MessageOptions options)
     : rank_(rank), size_(size), options_(options), peers_(static_cast<size_t>(size)) {}
 
 MessageTransport::~MessageTransport() = default;
+
+std::string MessageTransport::ownFrame(FrameKind kind, const std::string& text) {
+  WireHeader header;
+  header.kind = kind;
+  header.nbytes = text.size();
+  return std::string(reinterpret_cast<const char*>(&header), sizeof(header)) + text;
+}
+
+std::string MessageTransport::faultFrame(const std::string& why) {
+  return ownFrame(kFaultFrame, why.substr(0, kFaultTextBytes));
+}
 
 void MessageTransport::addPeer(int peer) {
   peers_[peer] = std::make_unique<Peer>();
@@ -166,7 +180,14 @@ RequestPtr MessageTransport::isend(int peer, uint64_t tag, const CallSignature& 
     frame.header.kind = kReadyToSendFrame;
     frame.header.sequence = ++p.nextSequence;
     if (nbytes > peerReadsAbove) {
-      frame.header.address = reinterpret_cast<uint64_t>(buf);
+      try {
+        frame.header.key = p.link->lend(buf, nbytes);
+        frame.header.address = reinterpret_cast<uint64_t>(buf);
+        op->loan = frame.header.key;
+      } catch (const CommError& e) {
+        op->fail(e.kind(), e.what());
+        return op;
+      }
     }
   }
   queue(p, std::move(frame));
@@ -307,7 +328,7 @@ void MessageTransport::answerReadyToSend(Peer& peer, const std::shared_ptr<Op>& 
   answer.header.kind = kDoneFrame;
   if (accepted && header.address != 0) {
     try {
-      peer.link->readPeerMemory(header.address, op->buf, op->nbytes);
+      peer.link->readPeerMemory(header.address, header.key, op->buf, op->nbytes);
       op->complete = true;
     } catch (const CommError& e) {
       op->fail(e.kind(), e.what());
@@ -476,6 +497,7 @@ bool MessageTransport::onHeader(Peer& peer) {
       if (it == peer.awaitingAnswer.end()) {
         return false;
       }
+      endLoan(peer, *it->second);
       it->second->complete = true;
       peer.awaitingAnswer.erase(it);
       return true;
@@ -578,11 +600,22 @@ void MessageTransport::peerClosed(Peer& peer) {
   }
 }
 
+void MessageTransport::endLoan(Peer& peer, Op& op) {
+  if (op.loan && peer.link) {
+    peer.link->endLoan(*op.loan);
+  }
+  op.loan.reset();
+}
+
 void MessageTransport::failPending(Peer& peer, CommError::Kind kind, const std::string& why) {
   for (auto& frame : peer.sends) {
     if (frame.op) {
+      endLoan(peer, *frame.op);
       frame.op->fail(kind, why);
     }
+  }
+  for (auto& entry : peer.awaitingAnswer) {
+    endLoan(peer, *entry.second);
   }
   if (peer.headSent != 0) {
     peer.cut = true;

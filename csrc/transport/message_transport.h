@@ -11,7 +11,8 @@
 //                    once a receive matches it: clear-to-send (the sender then sends a data frame,
 //                    header + payload, straight into the receive's buffer) or, when the header
 //                    carries the buffer's address and the Link reads the peer's memory, by
-//                    reading it directly and sending done.
+//                    reading it directly (the header also carries the key the sender's Link lent
+//                    it with) and sending done, which ends the loan.
 //   done             completes a ready-to-send send without data (read directly, or refused).
 //   credit           returns eager bytes the receiver has consumed.
 //   probe            "I wait for you in the collective tagged <sequence> with this call".
@@ -64,7 +65,7 @@ struct WireHeader {
   CallSignature call;
   uint32_t kind = 0;
   uint32_t reserved = 0;
-  uint64_t reserved2 = 0;
+  uint64_t key = 0; // ready-to-send with an address: what the Link lent the payload with
 };
 static_assert(sizeof(WireHeader) == 64, "a frame header is one cache line");
 
@@ -116,6 +117,12 @@ class MessageTransport : public PolledTransport {
   virtual bool hasOwnWork() const {
     return false;
   }
+
+  // A frame of the transport's own, as bytes for a Link: a header of `kind`, then `text` as its
+  // payload.
+  static std::string ownFrame(FrameKind kind, const std::string& text = "");
+  // A fault frame saying `why` (cut to kFaultTextBytes).
+  static std::string faultFrame(const std::string& why);
 
   // ---- What transports call, with mutex_ held. ----
   // One non-blocking attempt on every peer's Link; true when a request completed.
@@ -186,6 +193,8 @@ class MessageTransport : public PolledTransport {
   std::shared_ptr<Op> matchPosted(Peer& peer, uint64_t tag);
   bool takeHeld(Peer& peer, const std::shared_ptr<Op>& op);
   void failPending(Peer& peer, CommError::Kind kind, const std::string& why);
+  // The peer read the send's payload or never will: the Link's loan of it ends.
+  void endLoan(Peer& peer, Op& op);
   void peerClosed(Peer& peer);
   void checkHeldCalls();
   void probeWaits();

@@ -268,7 +268,7 @@ class ShmTransport::RingLink : public Link {
     return peerReads_ ? kSingleCopyBytes : SIZE_MAX;
   }
 
-  void readPeerMemory(uint64_t address, char* dst, size_t n) override {
+  void readPeerMemory(uint64_t address, uint64_t key, char* dst, size_t n) override {
     guardedCrossCopy(peerControl_, pid_, peerRank_, dst, address, n, true);
   }
 

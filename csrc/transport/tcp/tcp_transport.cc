@@ -1,13 +1,11 @@
 #include "transport/tcp/tcp_transport.h"
 
-#include <arpa/inet.h>
-#include <fcntl.h>
+#include "transport/sockets.h"
+
 #include <linux/sockios.h>
-#include <netdb.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
 #include <poll.h>
-#include <pthread.h>
 #include <sys/eventfd.h>
 #include <sys/ioctl.h>
 #include <sys/socket.h>
@@ -18,7 +16,6 @@
 #include <cerrno>
 #include <cstring>
 #include <mutex>
-#include <set>
 #include <sstream>
 #include <thread>
 
@@ -42,19 +39,6 @@ constexpr auto kMaxBackoff = std::chrono::milliseconds(100);
 // the peers: closing a socket with unread bytes resets the connection, and a reset drops what
 // the kernel has not delivered yet.
 constexpr auto kFarewellLinger = std::chrono::seconds(1);
-
-// A frame of the transport's own, as bytes: a header of `kind`, then `text` as its payload.
-std::string ownFrame(FrameKind kind, const std::string& text = "") {
-  WireHeader header;
-  header.kind = kind;
-  header.nbytes = text.size();
-  return std::string(reinterpret_cast<const char*>(&header), sizeof(header)) + text;
-}
-
-// A fault frame saying `why`.
-std::string faultFrame(const std::string& why) {
-  return ownFrame(kFaultFrame, why.substr(0, kFaultTextBytes));
-}
 
 struct Hello {
   uint32_t magic;
@@ -97,93 +81,6 @@ int millisecondsUntil(Clock::time_point when, int cap) {
 
 Clock::time_point backoff(int tries) {
   return Clock::now() + std::min<Clock::duration>(std::chrono::milliseconds(int64_t{1} << std::min(tries, 7)), kMaxBackoff);
-}
-
-// The sockets of every live TcpTransport of this process. A child forked from a rank (a
-// DataLoader worker) gets them pointed at /dev/null: otherwise a rank that is SIGKILLed keeps
-// its connections open as long as its children live, and its peers never see it go.
-class ForkedChildSockets {
- public:
-  static ForkedChildSockets& instance() {
-    // Never destroyed: fork handlers outlive static destructors.
-    static ForkedChildSockets* sockets = [] {
-      ::pthread_atfork(&beforeFork, &inParent, &inChild);
-      return new ForkedChildSockets();
-    }();
-    return *sockets;
-  }
-  void add(int fd) {
-    std::lock_guard<std::mutex> lock(mutex_);
-    fds_.insert(fd);
-  }
-  void remove(int fd) {
-    std::lock_guard<std::mutex> lock(mutex_);
-    fds_.erase(fd);
-  }
-
- private:
-  static void beforeFork() {
-    instance().mutex_.lock();
-  }
-  static void inParent() {
-    instance().mutex_.unlock();
-  }
-  // In the child, with only async-signal-safe calls.
-  static void inChild() {
-    ForkedChildSockets& sockets = instance();
-    const int devNull = ::open("/dev/null", O_RDWR | O_CLOEXEC);
-    if (devNull >= 0) {
-      for (int fd : sockets.fds_) {
-        ::dup3(devNull, fd, O_CLOEXEC);
-      }
-      ::close(devNull);
-    }
-    sockets.mutex_.unlock();
-  }
-
-  std::mutex mutex_;
-  std::set<int> fds_;
-};
-
-// `host` (an IPv4 or IPv6 address, or a name) and `port` as a socket address.
-sockaddr_storage parseAddress(const std::string& host, int port, socklen_t* length) {
-  addrinfo hints{};
-  hints.ai_family = AF_UNSPEC;
-  hints.ai_socktype = SOCK_STREAM;
-  hints.ai_flags = AI_NUMERICSERV;
-  addrinfo* result = nullptr;
-  const std::string service = std::to_string(port);
-  if (::getaddrinfo(host.c_str(), service.c_str(), &hints, &result) != 0 || result == nullptr) {
-    throw std::invalid_argument("torus: cannot resolve address '" + host + "'");
-  }
-  sockaddr_storage address{};
-  std::memcpy(&address, result->ai_addr, result->ai_addrlen);
-  *length = result->ai_addrlen;
-  ::freeaddrinfo(result);
-  return address;
-}
-
-// "host:port", with the host in brackets when it is an IPv6 address.
-std::string formatAddress(const sockaddr_storage& address) {
-  char host[INET6_ADDRSTRLEN] = {0};
-  if (address.ss_family == AF_INET6) {
-    const auto& v6 = reinterpret_cast<const sockaddr_in6&>(address);
-    ::inet_ntop(AF_INET6, &v6.sin6_addr, host, sizeof(host));
-    return "[" + std::string(host) + "]:" + std::to_string(ntohs(v6.sin6_port));
-  }
-  const auto& v4 = reinterpret_cast<const sockaddr_in&>(address);
-  ::inet_ntop(AF_INET, &v4.sin_addr, host, sizeof(host));
-  return std::string(host) + ":" + std::to_string(ntohs(v4.sin_port));
-}
-
-// The socket address of "host:port" or "[v6 host]:port".
-sockaddr_storage parseHostPort(const std::string& where, socklen_t* length) {
-  const auto colon = where.rfind(':');
-  std::string host = where.substr(0, colon);
-  if (host.size() >= 2 && host.front() == '[' && host.back() == ']') {
-    host = host.substr(1, host.size() - 2);
-  }
-  return parseAddress(host, std::stoi(where.substr(colon + 1)), length);
 }
 
 void setSocketOptions(int fd) {
@@ -265,7 +162,7 @@ TcpTransport::TcpTransport(int rank, int size, std::shared_ptr<Rendezvous> rende
   }
   try {
     if (size > 1) {
-      listenOn(options.address);
+      listenFd_ = listenOn(options.address, size, &addresses_[rank]);
       rendezvous->set("tcp/" + std::to_string(rank), addresses_[rank]);
     }
     for (int peer = 0; peer < size; ++peer) {
@@ -347,36 +244,6 @@ void TcpTransport::deliverFarewells() {
   }
 }
 
-void TcpTransport::closeSocket(int fd) {
-  if (fd >= 0) {
-    ForkedChildSockets::instance().remove(fd);
-    ::close(fd);
-  }
-}
-
-void TcpTransport::listenOn(const std::string& address) {
-  socklen_t length = 0;
-  sockaddr_storage bindAddress = parseAddress(address, 0, &length);
-  listenFd_ = ::socket(bindAddress.ss_family, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
-  if (listenFd_ < 0) {
-    throw std::runtime_error(systemError("torus: socket", errno));
-  }
-  ForkedChildSockets::instance().add(listenFd_);
-  int one = 1;
-  ::setsockopt(listenFd_, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
-  if (::bind(listenFd_, reinterpret_cast<sockaddr*>(&bindAddress), length) != 0) {
-    throw std::runtime_error(systemError("torus: cannot listen on address '" + address + "'", errno));
-  }
-  // The kernel caps the backlog at net.core.somaxconn.
-  if (::listen(listenFd_, size()) != 0) {
-    throw std::runtime_error(systemError("torus: listen", errno));
-  }
-  sockaddr_storage bound{};
-  length = sizeof(bound);
-  ::getsockname(listenFd_, reinterpret_cast<sockaddr*>(&bound), &length);
-  addresses_[rank()] = formatAddress(bound);
-}
-
 void TcpTransport::wantLink(int peer) {
   if (pairs_[peer] || dials_.count(peer)) {
     return;
@@ -453,7 +320,7 @@ void TcpTransport::acceptWaiting() {
     if (fd < 0) {
       return; // EAGAIN, or an error of that one connection (its peer sees it)
     }
-    ForkedChildSockets::instance().add(fd);
+    keepFromForkedChildren(fd);
     Incoming incoming;
     incoming.fd = fd;
     incoming.deadline = Clock::now() + timeout_;
@@ -547,7 +414,7 @@ bool TcpTransport::advanceDial(int peer, Dial& dial) {
       failPeer(peer, systemError(cannot + " at " + where, errno));
       return false;
     }
-    ForkedChildSockets::instance().add(dial.fd);
+    keepFromForkedChildren(dial.fd);
     dial.step = Step::kConnect;
     dial.error = ::connect(dial.fd, reinterpret_cast<const sockaddr*>(&address), length) != 0 && errno != EINPROGRESS
                      ? errno

@@ -72,7 +72,6 @@ class TcpTransport : public MessageTransport {
     size_t helloRead = 0;
   };
 
-  void listenOn(const std::string& address);
   void wantLink(int peer) override;
   bool hasOwnWork() const override;
   bool checkPeers() override;
@@ -91,7 +90,6 @@ class TcpTransport : public MessageTransport {
   // A Hello arrived on an accepted socket: keeps it (true) or refuses it.
   bool answerHello(Incoming& incoming);
   void link(int peer, int fd);
-  void closeSocket(int fd);
   // Pushes out the pairs' farewells and waits until the peers' kernels have them, for at most
   // kFarewellLinger.
   void deliverFarewells();

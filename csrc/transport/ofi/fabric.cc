@@ -1,0 +1,215 @@
+#include "transport/ofi/fabric.h"
+
+#include <rdma/fi_cm.h>
+#include <rdma/fi_endpoint.h>
+
+#include <cstring>
+#include <stdexcept>
+
+namespace torus::ofi {
+
+namespace {
+
+// What the transport asks of a provider: tagged messages between reliable-datagram endpoints,
+// kept in order between two endpoints (the streams rely on it), and RMA reads when it has them.
+fi_info* hintsFor(const std::string& provider, bool withRma) {
+  fi_info* hints = fi_allocinfo();
+  hints->ep_attr->type = FI_EP_RDM;
+  hints->caps = FI_TAGGED | (withRma ? FI_RMA | FI_READ | FI_REMOTE_READ : 0);
+  hints->mode = FI_CONTEXT | FI_CONTEXT2;
+  // The registration modes this transport honours; the provider answers with those it needs.
+  hints->domain_attr->mr_mode = FI_MR_LOCAL | FI_MR_VIRT_ADDR | FI_MR_ALLOCATED | FI_MR_PROV_KEY | FI_MR_ENDPOINT;
+  hints->domain_attr->threading = FI_THREAD_DOMAIN;
+  hints->tx_attr->msg_order = FI_ORDER_SAS;
+  hints->rx_attr->msg_order = FI_ORDER_SAS;
+  if (!provider.empty()) {
+    hints->fabric_attr->prov_name = ::strdup(provider.c_str());
+  }
+  return hints;
+}
+
+// The first endpoint offered for `hints`, bound to `address` where the provider takes one (the
+// socket-based ones do; shared memory has no address to bind).
+fi_info* firstOffered(fi_info* hints, const std::string& address) {
+  fi_info* found = nullptr;
+  if (!address.empty() && fi_getinfo(FI_VERSION(1, 9), address.c_str(), nullptr, FI_SOURCE, hints, &found) == 0) {
+    return found;
+  }
+  if (fi_getinfo(FI_VERSION(1, 9), nullptr, nullptr, 0, hints, &found) == 0) {
+    return found;
+  }
+  return nullptr;
+}
+
+void check(int result, const char* what) {
+  if (result != 0) {
+    throw std::runtime_error(std::string("torus: libfabric ") + what + " failed: " + fi_strerror(-result));
+  }
+}
+
+void closeFid(fid* object) {
+  if (object != nullptr) {
+    fi_close(object);
+  }
+}
+
+} // namespace
+
+Fabric::Fabric(const std::string& provider, const std::string& address) {
+  for (bool withRma : {true, false}) {
+    fi_info* hints = hintsFor(provider, withRma);
+    info_ = firstOffered(hints, address);
+    fi_freeinfo(hints);
+    if (info_ != nullptr) {
+      rma_ = withRma;
+      break;
+    }
+  }
+  if (info_ == nullptr) {
+    throw std::runtime_error(
+        "torus: libfabric offers no " + (provider.empty() ? std::string("provider") : "provider '" + provider + "'") +
+        " with reliable-datagram endpoints, tagged messages and ordered sends here (TORUS_OFI_PROVIDER=" + provider +
+        "; `fi_info -t FI_EP_RDM -c FI_TAGGED` lists those that have them, e.g. tcp)");
+  }
+  try {
+    check(fi_fabric(info_->fabric_attr, &fabric_, nullptr), "fi_fabric");
+    check(fi_domain(fabric_, info_, &domain_, nullptr), "fi_domain");
+    fi_cq_attr cqAttr{};
+    cqAttr.format = FI_CQ_FORMAT_TAGGED;
+    cqAttr.wait_obj = FI_WAIT_FD;
+    if (fi_cq_open(domain_, &cqAttr, &cq_, nullptr) != 0) {
+      // Providers without a wait object (shm) are polled: the sleep then has a short bound.
+      cqAttr.wait_obj = FI_WAIT_NONE;
+      check(fi_cq_open(domain_, &cqAttr, &cq_, nullptr), "fi_cq_open");
+    } else if (fi_control(&cq_->fid, FI_GETWAIT, &waitFd_) != 0) {
+      waitFd_ = -1;
+    }
+    fi_av_attr avAttr{};
+    avAttr.type = FI_AV_TABLE;
+    check(fi_av_open(domain_, &avAttr, &av_, nullptr), "fi_av_open");
+    check(fi_endpoint(domain_, info_, &ep_, nullptr), "fi_endpoint");
+    check(fi_ep_bind(ep_, &cq_->fid, FI_TRANSMIT | FI_RECV), "fi_ep_bind (completion queue)");
+    check(fi_ep_bind(ep_, &av_->fid, 0), "fi_ep_bind (address vector)");
+    check(fi_enable(ep_), "fi_enable");
+    char name[256];
+    size_t length = sizeof(name);
+    check(fi_getname(&ep_->fid, name, &length), "fi_getname");
+    name_.assign(name, length);
+  } catch (...) {
+    close();
+    throw;
+  }
+}
+
+Fabric::~Fabric() {
+  close();
+}
+
+void Fabric::close() {
+  closeFid(ep_ ? &ep_->fid : nullptr);
+  closeFid(av_ ? &av_->fid : nullptr);
+  closeFid(cq_ ? &cq_->fid : nullptr);
+  closeFid(domain_ ? &domain_->fid : nullptr);
+  closeFid(fabric_ ? &fabric_->fid : nullptr);
+  if (info_ != nullptr) {
+    fi_freeinfo(info_);
+  }
+  ep_ = nullptr;
+  av_ = nullptr;
+  cq_ = nullptr;
+  domain_ = nullptr;
+  fabric_ = nullptr;
+  info_ = nullptr;
+}
+
+fi_addr_t Fabric::insert(const std::string& name) {
+  fi_addr_t address = FI_ADDR_UNSPEC;
+  if (fi_av_insert(av_, name.data(), 1, &address, 0, nullptr) != 1) {
+    throw std::runtime_error("torus: libfabric cannot take a peer's address (fi_av_insert failed)");
+  }
+  return address;
+}
+
+const char* Fabric::providerName() const {
+  return info_->fabric_attr->prov_name;
+}
+
+size_t Fabric::injectBytes() const {
+  return info_->tx_attr->inject_size;
+}
+
+bool Fabric::registersLocal() const {
+  return (info_->domain_attr->mr_mode & FI_MR_LOCAL) != 0;
+}
+
+std::string Fabric::describe() const {
+  const int mode = info_->domain_attr->mr_mode;
+  std::string registration;
+  for (auto [bit, name] : {std::pair{FI_MR_LOCAL, "local"}, {FI_MR_VIRT_ADDR, "virtual addresses"},
+                           {FI_MR_PROV_KEY, "provider keys"}, {FI_MR_ENDPOINT, "bound to the endpoint"},
+                           {FI_MR_ALLOCATED, "allocated memory"}}) {
+    if (mode & bit) {
+      registration += (registration.empty() ? "" : ", ") + std::string(name);
+    }
+  }
+  return std::string(providerName()) + " on " + info_->domain_attr->name + " (tagged" +
+         (rma_ ? ", RMA reads" : ", no RMA: large messages as tagged sends") +
+         ", memory registration: " + (registration.empty() ? "none needed" : registration) + ", inject " +
+         std::to_string(injectBytes()) + " B" + (waitFd_ < 0 ? ", polled" : "") + ")";
+}
+
+bool Fabric::registerMemory(const void* buf, size_t n, uint64_t access, Region* region, std::string* why) {
+  const uint64_t requested = (info_->domain_attr->mr_mode & FI_MR_PROV_KEY) ? 0 : nextKey_++;
+  int result = fi_mr_reg(domain_, buf, n, access, 0, requested, 0, &region->mr, nullptr);
+  if (result == 0 && (info_->domain_attr->mr_mode & FI_MR_ENDPOINT)) {
+    result = fi_mr_bind(region->mr, &ep_->fid, 0);
+    if (result == 0) {
+      result = fi_mr_enable(region->mr);
+    }
+    if (result != 0) {
+      fi_close(&region->mr->fid);
+    }
+  }
+  if (result != 0) {
+    region->mr = nullptr;
+    *why = std::string("libfabric cannot register ") + std::to_string(n) + " bytes: " + fi_strerror(-result);
+    return false;
+  }
+  region->desc = fi_mr_desc(region->mr);
+  region->key = fi_mr_key(region->mr);
+  if (region->key == FI_KEY_NOTAVAIL) {
+    deregister(*region);
+    *why = "the provider's memory keys do not fit 64 bits";
+    return false;
+  }
+  return true;
+}
+
+void Fabric::deregister(Region& region) {
+  if (region.mr != nullptr) {
+    fi_close(&region.mr->fid);
+  }
+  region = Region{};
+}
+
+uint64_t Fabric::remoteAddress(uint64_t address) const {
+  return (info_->domain_attr->mr_mode & FI_MR_VIRT_ADDR) ? address : 0;
+}
+
+bool Fabric::mayBlock() {
+  fid* waiting[1] = {&cq_->fid};
+  return waitFd_ >= 0 && fi_trywait(fabric_, waiting, 1) == FI_SUCCESS;
+}
+
+Posted* Fabric::readError(std::string* why) {
+  fi_cq_err_entry entry{};
+  if (fi_cq_readerr(cq_, &entry, 0) != 1) {
+    *why = "libfabric reported an error it could not describe";
+    return nullptr;
+  }
+  const char* detail = fi_cq_strerror(cq_, entry.prov_errno, entry.err_data, nullptr, 0);
+  *why = std::string(fi_strerror(entry.err)) + (detail && *detail ? std::string(" (") + detail + ")" : "");
+  return static_cast<Posted*>(entry.op_context);
+}
+
+} // namespace torus::ofi

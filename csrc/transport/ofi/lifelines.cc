@@ -1,0 +1,269 @@
+#include "transport/ofi/lifelines.h"
+
+#include <linux/sockios.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <sys/ioctl.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+#include <stdexcept>
+
+#include "transport/sockets.h"
+
+namespace torus::ofi {
+
+namespace {
+
+constexpr uint32_t kHelloMagic = 0x6c696665; // "life"
+constexpr uint32_t kFarewellMagic = 0x62796521; // "bye!"
+constexpr size_t kWhyBytes = 1024;
+
+struct Hello {
+  uint32_t magic;
+  int32_t rank;
+  int32_t size;
+};
+struct FarewellHeader {
+  uint32_t magic;
+  uint32_t kind;
+  uint64_t streamBytes;
+  uint32_t whyBytes;
+  uint32_t reserved;
+};
+static_assert(sizeof(FarewellHeader) == 24, "no padding on the wire");
+
+// Keepalive: a host that went down (no process left to close the socket) is found within about
+// 10 s of silence plus 3 probes 2 s apart.
+void keepAlive(int fd) {
+  int on = 1, idle = 10, interval = 2, count = 3;
+  ::setsockopt(fd, SOL_SOCKET, SO_KEEPALIVE, &on, sizeof(on));
+  ::setsockopt(fd, IPPROTO_TCP, TCP_KEEPIDLE, &idle, sizeof(idle));
+  ::setsockopt(fd, IPPROTO_TCP, TCP_KEEPINTVL, &interval, sizeof(interval));
+  ::setsockopt(fd, IPPROTO_TCP, TCP_KEEPCNT, &count, sizeof(count));
+}
+
+std::string rankName(int rank) {
+  return "rank " + std::to_string(rank);
+}
+
+} // namespace
+
+Lifelines::Lifelines(const std::string& address, int rank, int size)
+    : rank_(rank), size_(size), peers_(static_cast<size_t>(size)) {
+  listenFd_ = listenOn(address, size, &where_);
+}
+
+Lifelines::~Lifelines() {
+  closeAll(std::chrono::milliseconds(0));
+  closeSocket(listenFd_);
+}
+
+void Lifelines::dial(int peer, const std::string& where) {
+  Peer& p = peers_[peer];
+  socklen_t length = 0;
+  sockaddr_storage address{};
+  try {
+    address = parseHostPort(where, &length);
+  } catch (const std::exception& e) {
+    end(peer, "its lifeline address '" + where + "' does not resolve");
+    return;
+  }
+  Line line;
+  line.fd = ::socket(address.ss_family, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
+  if (line.fd < 0) {
+    end(peer, std::string("no socket for its lifeline: ") + std::strerror(errno));
+    return;
+  }
+  keepFromForkedChildren(line.fd);
+  keepAlive(line.fd);
+  if (::connect(line.fd, reinterpret_cast<const sockaddr*>(&address), length) != 0 && errno != EINPROGRESS) {
+    const int error = errno;
+    closeSocket(line.fd);
+    end(peer, "its lifeline at " + where + " refuses connections (" + std::strerror(error) +
+                  "): it exited, was killed or left the group");
+    return;
+  }
+  line.connecting = true;
+  p.lines.push_back(line);
+}
+
+void Lifelines::end(int peer, const std::string& why) {
+  Peer& p = peers_[peer];
+  if (!p.ended) {
+    p.ended = true;
+    p.why = why;
+  }
+}
+
+bool Lifelines::readLine(Line& line, int* peer) {
+  char buffer[sizeof(FarewellHeader) + kWhyBytes];
+  for (;;) {
+    const ssize_t got = ::recv(line.fd, buffer, sizeof(buffer), MSG_DONTWAIT);
+    if (got == 0) {
+      return false;
+    }
+    if (got < 0) {
+      return errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR;
+    }
+    line.inbound.append(buffer, static_cast<size_t>(got));
+    if (!line.helloRead) {
+      if (line.inbound.size() < sizeof(Hello)) {
+        continue;
+      }
+      Hello hello;
+      std::memcpy(&hello, line.inbound.data(), sizeof(hello));
+      if (hello.magic != kHelloMagic || hello.size != size_ || hello.rank < 0 || hello.rank >= size_ ||
+          hello.rank == rank_) {
+        return false;
+      }
+      line.helloRead = true;
+      line.inbound.erase(0, sizeof(Hello));
+      *peer = hello.rank;
+    }
+    Peer& p = peers_[*peer];
+    if (p.farewell || line.inbound.size() < sizeof(FarewellHeader)) {
+      continue;
+    }
+    FarewellHeader header;
+    std::memcpy(&header, line.inbound.data(), sizeof(header));
+    if (header.magic != kFarewellMagic || header.whyBytes > kWhyBytes) {
+      return false;
+    }
+    if (line.inbound.size() < sizeof(header) + header.whyBytes) {
+      continue;
+    }
+    p.farewell = Farewell{static_cast<Farewell::Kind>(header.kind), header.streamBytes,
+                          line.inbound.substr(sizeof(header), header.whyBytes)};
+  }
+}
+
+bool Lifelines::check() {
+  bool endedNow = false;
+  for (int fd; listenFd_ >= 0 && (fd = ::accept4(listenFd_, nullptr, nullptr, SOCK_CLOEXEC | SOCK_NONBLOCK)) >= 0;) {
+    keepFromForkedChildren(fd);
+    keepAlive(fd);
+    Line line;
+    line.fd = fd;
+    unknown_.push_back(line);
+  }
+  for (size_t i = 0; i < unknown_.size();) {
+    int peer = -1;
+    const bool open = readLine(unknown_[i], &peer);
+    if (peer >= 0) {
+      Line line = unknown_[i];
+      unknown_.erase(unknown_.begin() + static_cast<std::ptrdiff_t>(i));
+      if (open && !peers_[peer].ended) {
+        peers_[peer].lines.push_back(line);
+      } else {
+        closeSocket(line.fd);
+        endedNow |= !peers_[peer].ended;
+        end(peer, rankName(peer) + " closed its lifeline (the process exited, was killed or aborted its group)");
+      }
+    } else if (!open) {
+      closeSocket(unknown_[i].fd); // no peer of this group
+      unknown_.erase(unknown_.begin() + static_cast<std::ptrdiff_t>(i));
+    } else {
+      ++i;
+    }
+  }
+  for (int peer = 0; peer < size_; ++peer) {
+    Peer& p = peers_[peer];
+    if (p.ended) {
+      continue;
+    }
+    for (Line& line : p.lines) {
+      if (line.connecting) {
+        pollfd pfd{line.fd, POLLOUT, 0};
+        if (::poll(&pfd, 1, 0) == 0) {
+          continue;
+        }
+        int error = 0;
+        socklen_t length = sizeof(error);
+        ::getsockopt(line.fd, SOL_SOCKET, SO_ERROR, &error, &length);
+        Hello hello{kHelloMagic, rank_, size_};
+        if (error != 0 || ::send(line.fd, &hello, sizeof(hello), MSG_NOSIGNAL | MSG_DONTWAIT) != sizeof(hello)) {
+          end(peer, rankName(peer) + " refuses its lifeline (" + std::strerror(error ? error : errno) +
+                        "): it exited, was killed or left the group");
+          endedNow = true;
+          break;
+        }
+        line.connecting = false;
+        line.helloRead = true; // a dialed line carries no Hello back
+      }
+      int self = peer;
+      if (!readLine(line, &self)) {
+        end(peer, rankName(peer) + " closed its lifeline (the process exited, was killed or aborted its group)");
+        endedNow = true;
+        break;
+      }
+    }
+  }
+  return endedNow;
+}
+
+void Lifelines::watch(std::vector<pollfd>& fds) const {
+  if (listenFd_ >= 0) {
+    fds.push_back({listenFd_, POLLIN, 0});
+  }
+  for (const Line& line : unknown_) {
+    fds.push_back({line.fd, POLLIN, 0});
+  }
+  for (const Peer& p : peers_) {
+    if (p.ended) {
+      continue;
+    }
+    for (const Line& line : p.lines) {
+      fds.push_back({line.fd, static_cast<short>(line.connecting ? POLLOUT : POLLIN), 0});
+    }
+  }
+}
+
+void Lifelines::sayFarewell(int peer, const Farewell& farewell) {
+  Peer& p = peers_[peer];
+  if (p.saidFarewell) {
+    return;
+  }
+  p.saidFarewell = true;
+  const std::string why = farewell.why.substr(0, kWhyBytes);
+  FarewellHeader header{kFarewellMagic, farewell.kind, farewell.streamBytes, static_cast<uint32_t>(why.size()), 0};
+  std::string bytes(reinterpret_cast<const char*>(&header), sizeof(header));
+  bytes += why;
+  for (Line& line : p.lines) {
+    if (!line.connecting) {
+      // A new socket's buffer takes the whole farewell at once; a peer that is gone needs none.
+      ssize_t ignored = ::send(line.fd, bytes.data(), bytes.size(), MSG_NOSIGNAL | MSG_DONTWAIT);
+      (void)ignored;
+      ::shutdown(line.fd, SHUT_WR);
+    }
+  }
+}
+
+void Lifelines::closeAll(std::chrono::milliseconds linger) {
+  const auto until = std::chrono::steady_clock::now() + linger;
+  auto unacknowledged = [](int fd) {
+    int bytes = 0;
+    return ::ioctl(fd, SIOCOUTQ, &bytes) == 0 && bytes > 0;
+  };
+  for (Peer& p : peers_) {
+    for (Line& line : p.lines) {
+      while (p.saidFarewell && unacknowledged(line.fd) && std::chrono::steady_clock::now() < until) {
+        char drain[256];
+        while (::recv(line.fd, drain, sizeof(drain), MSG_DONTWAIT) > 0) {
+        }
+        pollfd pfd{line.fd, POLLIN, 0};
+        ::poll(&pfd, 1, 1);
+      }
+      closeSocket(line.fd);
+    }
+    p.lines.clear();
+  }
+  for (Line& line : unknown_) {
+    closeSocket(line.fd);
+  }
+  unknown_.clear();
+}
+
+} // namespace torus::ofi

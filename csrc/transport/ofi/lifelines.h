@@ -1,0 +1,94 @@
+// Lifelines: a TCP connection to each peer a rank talks to over the fabric, which carries no data,
+// only the peer's last word: no libfabric provider reliably reports a peer that died (measured,
+// BENCHMARKS.md), but the kernel closes a dead process's sockets at once, and keepalive probes
+// find a host that went down.
+//
+// The rank that first needs a peer dials it (a Hello: magic, rank, group size); the peer accepts
+// whenever it next makes progress. A rank that leaves or gives up writes a Farewell on each of
+// its lifelines — goodbye or fault, the bytes it put on the fabric stream to that peer, and why
+// — then closes them; one that dies just closes them. So a peer knows how much of the stream to
+// read before the end is the end, and why the peer went when it can say.
+#pragma once
+
+#include <poll.h>
+
+#include <chrono>
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+namespace torus::ofi {
+
+struct Farewell {
+  enum Kind : uint32_t { kGoodbye = 1, kFault = 2 };
+  Kind kind = kGoodbye;
+  uint64_t streamBytes = 0; // what the peer wrote on its fabric stream to this rank, in all
+  std::string why; // kFault: the reason the peer gave up
+};
+
+class Lifelines {
+ public:
+  // Listens on `address` (any free port). Throws std::runtime_error.
+  Lifelines(const std::string& address, int rank, int size);
+  ~Lifelines();
+
+  // "host:port" peers dial.
+  const std::string& where() const {
+    return where_;
+  }
+  // Starts a lifeline to `peer`, listening at `where`, without blocking.
+  void dial(int peer, const std::string& where);
+  // Accepts lifelines, reads hellos and farewells, finishes dials, notices closed ones, without
+  // blocking; true when a peer ended.
+  bool check();
+  // The descriptors a sleep should watch for check().
+  void watch(std::vector<pollfd>& fds) const;
+
+  // The peer's lifeline closed (it exited, was killed, left or gave up), or could not be made.
+  bool ended(int peer) const {
+    return peers_[peer].ended;
+  }
+  // Why, when the peer ended without a farewell.
+  const std::string& endedWhy(int peer) const {
+    return peers_[peer].why;
+  }
+  const std::optional<Farewell>& farewell(int peer) const {
+    return peers_[peer].farewell;
+  }
+
+  // This rank's last word to `peer`, on each of its lifelines (best effort, once).
+  void sayFarewell(int peer, const Farewell& farewell);
+  // Closes every lifeline, first waiting (at most `linger`) until the peers' kernels have the
+  // farewells: closing a socket with unread bytes resets it, and a reset drops what the kernel
+  // has not delivered yet.
+  void closeAll(std::chrono::milliseconds linger);
+
+ private:
+  struct Line {
+    int fd = -1;
+    bool connecting = false; // dialed, not connected yet
+    bool helloRead = false; // accepted: its Hello arrived
+    std::string inbound; // accepted, before the Hello: its bytes; else the farewell's
+  };
+  struct Peer {
+    std::vector<Line> lines;
+    bool ended = false;
+    bool saidFarewell = false;
+    std::string why;
+    std::optional<Farewell> farewell;
+  };
+
+  // Reads what the line holds; false when it closed or broke.
+  bool readLine(Line& line, int* peer);
+  void end(int peer, const std::string& why);
+
+  const int rank_;
+  const int size_;
+  int listenFd_ = -1;
+  std::string where_;
+  std::vector<Peer> peers_;
+  std::vector<Line> unknown_; // accepted, Hello not read yet
+};
+
+} // namespace torus::ofi

@@ -1,0 +1,949 @@
+#include "transport/ofi/ofi_transport.h"
+
+#include <poll.h>
+#include <rdma/fi_endpoint.h>
+#include <rdma/fi_rma.h>
+#include <rdma/fi_tagged.h>
+#include <sched.h>
+#include <sys/eventfd.h>
+#include <unistd.h>
+
+#include <cstring>
+#include <deque>
+#include <unordered_map>
+
+#include "transport/ofi/fabric.h"
+#include "transport/ofi/lifelines.h"
+
+namespace torus {
+
+namespace {
+
+// A stream's chunk and receive slot. Large enough that a copy of each costs little next to the
+// send; kSlots of them per peer each way bound what waits for a rank that does not read.
+constexpr size_t kChunkBytes = 128 * 1024;
+constexpr int kSlots = 8;
+// Credits go back once this many slots are free again: often enough that a sender never waits
+// while the receiver reads, rarely enough that small messages are not answered one by one.
+constexpr int kCreditBatch = kSlots / 2;
+constexpr int kHelloSlots = 8;
+// Tags: the kind of message in the top bits, the sender's rank below.
+constexpr uint64_t kStreamTag = uint64_t{1} << 60;
+constexpr uint64_t kControlTag = uint64_t{2} << 60;
+constexpr uint64_t kHelloTag = uint64_t{3} << 60;
+constexpr uint64_t kRankBits = (uint64_t{1} << 60) - 1;
+// A sleep with nothing to do ends after this to run the message layer's idle checks.
+constexpr int kIdleCheckMs = 100;
+// Providers without a wait descriptor are looked at this often while the thread sleeps.
+constexpr auto kPolledSleep = std::chrono::microseconds(200);
+// Lifelines are looked at no more often than this while threads spin.
+constexpr auto kLifelineCheck = std::chrono::milliseconds(1);
+// Destroying a transport waits this long at most for its last chunks and farewells to go out.
+constexpr auto kFarewellLinger = std::chrono::seconds(1);
+// After a peer's farewell, the rest of its stream may still be on the way for this long.
+constexpr auto kStreamEndGrace = std::chrono::seconds(2);
+// Looking up an address not yet published backs off from 1 ms to this.
+constexpr auto kMaxBackoff = std::chrono::milliseconds(100);
+
+enum PostKind : int { kSlotReceive = 1, kChunkSend, kControlReceive, kControlSend, kHelloReceive, kHelloSend, kRead };
+
+constexpr uint32_t kHelloMagic = 0x6f666921; // "ofi!"
+struct HelloMessage {
+  uint32_t magic = kHelloMagic;
+  int32_t rank = 0;
+  int32_t size = 0;
+  uint32_t nameBytes = 0;
+  char name[240] = {};
+};
+
+std::string rankName(int rank) {
+  return "rank " + std::to_string(rank);
+}
+
+std::string toHex(const std::string& bytes) {
+  static const char digits[] = "0123456789abcdef";
+  std::string text;
+  for (unsigned char c : bytes) {
+    text += digits[c >> 4];
+    text += digits[c & 15];
+  }
+  return text;
+}
+
+std::string fromHex(const std::string& text) {
+  std::string bytes;
+  for (size_t i = 0; i + 1 < text.size(); i += 2) {
+    bytes += static_cast<char>(std::stoi(text.substr(i, 2), nullptr, 16));
+  }
+  return bytes;
+}
+
+int millisecondsUntil(Clock::time_point when, int cap) {
+  if (when == Clock::time_point::max()) {
+    return cap;
+  }
+  auto left = std::chrono::duration_cast<std::chrono::milliseconds>(when - Clock::now()).count();
+  return static_cast<int>(std::max<int64_t>(0, std::min<int64_t>(left + 1, cap)));
+}
+
+} // namespace
+
+class OfiTransport : public MessageTransport {
+ public:
+  OfiTransport(int rank, int size, std::shared_ptr<Rendezvous> rendezvous, const OfiOptions& options);
+  ~OfiTransport() override;
+
+  std::string description() const {
+    return fabric_.describe();
+  }
+
+  struct Stream;
+
+ private:
+  // A peer whose address is being looked up.
+  struct Lookup {
+    Deadline deadline;
+    Clock::time_point nextTry;
+    int tries = 0;
+  };
+
+  void wantLink(int peer) override;
+  bool hasOwnWork() const override;
+  bool checkPeers() override;
+  bool sleep(std::unique_lock<std::mutex>& lock, Deadline deadline) override;
+  void wakeSleeper() override;
+  void announceAbort(const std::string& why) override;
+  bool readsCheaply() const override {
+    return true;
+  }
+
+  // Reads the completion queue and moves what waits in the streams (chunks waiting for credits,
+  // slots to repost, credits to return, farewells); true when something moved.
+  bool pump();
+  void completed(ofi::Posted* posted, size_t bytes);
+  void failed(ofi::Posted* posted, const std::string& why);
+  // One step of a lookup; true when the peer got its stream (or failed).
+  bool advanceLookup(int peer, Lookup& lookup);
+  // One step of every lookup; true when one ended.
+  bool advanceLookups();
+  // The stream to `peer` at `address`, made and attached; `dialed`: this rank asked for it (it
+  // says hello and dials the lifeline), else the peer did.
+  void makeStream(int peer, fi_addr_t address, const std::string& lifeline, bool dialed);
+  void postHello(int slot);
+  void onHello(const HelloMessage& hello);
+  // Looks at the lifelines (at most every kLifelineCheck unless `now`); true when a peer ended.
+  bool checkLifelines(bool now);
+
+  ofi::Fabric fabric_;
+  ofi::Lifelines lifelines_;
+  const size_t rmaAbove_;
+  const std::chrono::milliseconds timeout_;
+  std::shared_ptr<Rendezvous> rendezvous_; // set while peers' addresses are looked up lazily
+  std::vector<std::string> published_; // by rank: "<lifeline> <endpoint name in hex>", once known
+  std::vector<std::unique_ptr<Stream>> streams_; // by rank; null until made
+  std::vector<Stream*> made_; // the streams, in the order they were made
+  std::unordered_map<int, Lookup> lookups_;
+  // Hellos from peers that make their stream first.
+  std::vector<HelloMessage> hellos_;
+  std::vector<ofi::Posted> helloPosts_;
+  std::vector<int> hellosToPost_;
+  ofi::Region helloRegion_;
+  int wakeFd_ = -1;
+  Clock::time_point nextLifelineCheck_;
+  Clock::time_point lastIdle_ = Clock::now();
+  bool destroying_ = false;
+};
+
+// The Link to one peer: a stream of chunks each way (see the header).
+struct OfiTransport::Stream : Link {
+  enum class Chunk { kFree, kFilling, kSealed, kPosted };
+
+  OfiTransport* transport = nullptr;
+  int peer = -1;
+  fi_addr_t address = FI_ADDR_UNSPEC;
+  // Receive slots, then send chunks, then the credit words: one allocation, registered at once
+  // where the provider needs local memory registered.
+  std::unique_ptr<char[]> memory;
+  ofi::Region region;
+  void* desc = nullptr;
+
+  ofi::Posted slotPosts[kSlots];
+  bool filled[kSlots] = {};
+  size_t slotBytes[kSlots] = {};
+  int head = 0; // the slot read next
+  size_t headRead = 0;
+  std::deque<int> toRepost; // slots to post, in order: first all of them, then those consumed
+  int firstPosts = kSlots; // of toRepost, the slots never posted (no credit is owed for them)
+  int owed = 0; // slots freed and reposted whose credit the peer has not been given
+
+  ofi::Posted chunkPosts[kSlots];
+  Chunk chunks[kSlots] = {};
+  size_t chunkBytes[kSlots] = {};
+  int fill = 0; // the chunk filled next
+  std::deque<int> sealed; // chunks waiting for a credit, in order
+  int credits = kSlots;
+
+  ofi::Posted controlReceivePost;
+  bool controlReceivePosted = false;
+  ofi::Posted controlSendPost;
+  bool controlSendBusy = false;
+  uint64_t creditsToSend = 0;
+
+  ofi::Posted helloPost;
+  bool helloToSend = false;
+  bool helloBusy = false;
+
+  uint64_t written = 0; // bytes accepted onto the stream, in all
+  uint64_t readBytes = 0;
+  std::string farewell; // the transport's own last bytes (fault or goodbye frames), not yet taken
+  std::string error; // a failed operation with this peer
+  Clock::time_point endSeen{}; // when the peer's farewell was seen with bytes still to come
+  std::unordered_map<uint64_t, ofi::Region> loans; // lent memory, by key
+
+  char* slot(int i) {
+    return memory.get() + static_cast<size_t>(i) * kChunkBytes;
+  }
+  char* chunk(int i) {
+    return memory.get() + static_cast<size_t>(kSlots + i) * kChunkBytes;
+  }
+  uint64_t* creditWords() {
+    return reinterpret_cast<uint64_t*>(memory.get() + 2 * kSlots * kChunkBytes);
+  }
+  HelloMessage& hello() {
+    return *reinterpret_cast<HelloMessage*>(memory.get() + 2 * kSlots * kChunkBytes + 2 * sizeof(uint64_t));
+  }
+  static constexpr size_t kMemoryBytes = 2 * kSlots * kChunkBytes + 2 * sizeof(uint64_t) + sizeof(HelloMessage);
+
+  fid_ep* ep() const {
+    return transport->fabric_.endpoint();
+  }
+  uint64_t ownTag(uint64_t kind) const {
+    return kind | static_cast<uint64_t>(transport->rank());
+  }
+
+  // Before the endpoint closes: no memory of the stream's stays registered.
+  void release() {
+    for (auto& [key, loan] : loans) {
+      transport->fabric_.deregister(loan);
+    }
+    loans.clear();
+    transport->fabric_.deregister(region);
+  }
+
+  void broke(const std::string& what, ssize_t result) {
+    if (error.empty()) {
+      error = "libfabric: " + what + " with " + rankName(peer) + " failed: " + fi_strerror(static_cast<int>(-result));
+    }
+  }
+
+  // Takes what fits of `n` bytes into chunks; returns how many.
+  size_t accept(const char* data, size_t n) {
+    size_t took = 0;
+    while (took < n) {
+      if (chunks[fill] == Chunk::kFree) {
+        chunks[fill] = Chunk::kFilling;
+        chunkBytes[fill] = 0;
+      }
+      if (chunks[fill] != Chunk::kFilling) {
+        break;
+      }
+      const size_t part = std::min(kChunkBytes - chunkBytes[fill], n - took);
+      std::memcpy(chunk(fill) + chunkBytes[fill], data + took, part);
+      chunkBytes[fill] += part;
+      took += part;
+      if (chunkBytes[fill] == kChunkBytes) {
+        seal();
+      }
+    }
+    written += took;
+    return took;
+  }
+
+  void seal() {
+    chunks[fill] = Chunk::kSealed;
+    sealed.push_back(fill);
+    fill = (fill + 1) % kSlots;
+  }
+
+  // Sends sealed chunks while the peer has slots for them; true when one went.
+  bool postChunks() {
+    bool sent = false;
+    while (!sealed.empty() && credits > 0 && error.empty()) {
+      const int i = sealed.front();
+      const ssize_t result =
+          fi_tsend(ep(), chunk(i), chunkBytes[i], desc, address, ownTag(kStreamTag), &chunkPosts[i]);
+      if (result == -FI_EAGAIN) {
+        break;
+      }
+      if (result != 0) {
+        broke("sending", result);
+        break;
+      }
+      sealed.pop_front();
+      --credits;
+      chunks[i] = Chunk::kPosted;
+      sent = true;
+    }
+    return sent;
+  }
+
+  bool postSlot(int i) {
+    const ssize_t result =
+        fi_trecv(ep(), slot(i), kChunkBytes, desc, FI_ADDR_UNSPEC, kStreamTag | static_cast<uint64_t>(peer), 0,
+                 &slotPosts[i]);
+    if (result != 0 && result != -FI_EAGAIN) {
+      broke("posting a receive", result);
+    }
+    return result == 0;
+  }
+
+  bool postControlReceive() {
+    if (controlReceivePosted) {
+      return true;
+    }
+    const ssize_t result = fi_trecv(ep(), &creditWords()[0], sizeof(uint64_t), desc, FI_ADDR_UNSPEC,
+                                    kControlTag | static_cast<uint64_t>(peer), 0, &controlReceivePost);
+    if (result != 0 && result != -FI_EAGAIN) {
+      broke("posting a receive", result);
+    }
+    controlReceivePosted = result == 0;
+    return controlReceivePosted;
+  }
+
+  // Returns freed slots' credits to the peer; true when some went.
+  bool sendCredits() {
+    if (creditsToSend == 0 || controlSendBusy || !error.empty()) {
+      return false;
+    }
+    creditWords()[1] = creditsToSend;
+    const ssize_t result =
+        fi_tsend(ep(), &creditWords()[1], sizeof(uint64_t), desc, address, ownTag(kControlTag), &controlSendPost);
+    if (result == -FI_EAGAIN) {
+      return false;
+    }
+    if (result != 0) {
+      broke("returning credits", result);
+      return false;
+    }
+    controlSendBusy = true;
+    creditsToSend = 0;
+    return true;
+  }
+
+  bool sendHello() {
+    if (!helloToSend || helloBusy) {
+      return false;
+    }
+    const ssize_t result =
+        fi_tsend(ep(), &hello(), sizeof(HelloMessage), desc, address, kHelloTag | static_cast<uint64_t>(transport->rank()),
+                 &helloPost);
+    if (result == -FI_EAGAIN) {
+      return false;
+    }
+    if (result != 0) {
+      broke("saying hello", result);
+      return false;
+    }
+    helloToSend = false;
+    helloBusy = true;
+    return true;
+  }
+
+  // Posts the slots waiting to be; owes the peer a credit for each it had used, and returns
+  // them once kCreditBatch are owed. True when a slot was posted.
+  bool repost() {
+    bool posted = false;
+    while (!toRepost.empty() && error.empty() && postSlot(toRepost.front())) {
+      toRepost.pop_front();
+      posted = true;
+      if (firstPosts > 0) {
+        --firstPosts;
+      } else {
+        ++owed;
+      }
+    }
+    if (owed >= kCreditBatch) {
+      creditsToSend += static_cast<uint64_t>(owed);
+      owed = 0;
+    }
+    return posted;
+  }
+
+  // What waits in the stream moves where it can; true when something did.
+  bool pump() {
+    bool moved = sendHello();
+    moved |= repost();
+    moved |= !controlReceivePosted && postControlReceive();
+    if (!farewell.empty()) {
+      const size_t took = accept(farewell.data(), farewell.size());
+      farewell.erase(0, took);
+      if (chunks[fill] == Chunk::kFilling && chunkBytes[fill] > 0) {
+        seal();
+      }
+      moved |= took > 0;
+    }
+    moved |= postChunks();
+    moved |= sendCredits();
+    return moved;
+  }
+
+  // Something waits to go out or for its send to complete: with manual progress, nothing
+  // leaves unless this rank reads its completion queue.
+  bool sending() const {
+    if (!error.empty()) {
+      return false;
+    }
+    for (int i = 0; i < kSlots; ++i) {
+      if (chunks[i] == Chunk::kSealed || chunks[i] == Chunk::kPosted) {
+        return true;
+      }
+    }
+    return !farewell.empty() || helloToSend || helloBusy || creditsToSend > 0 || controlSendBusy;
+  }
+
+  // ---- Link ----
+
+  size_t write(const iovec* parts, int count) override {
+    if (!error.empty()) {
+      throw CommError(CommError::Kind::kPeer, error);
+    }
+    if (transport->lifelines_.ended(peer)) {
+      // Never post to a peer that may be gone: the shm provider spins forever on one.
+      throw CommError(CommError::Kind::kPeer, transport->lifelines_.endedWhy(peer));
+    }
+    size_t took = 0;
+    for (int i = 0; i < count; ++i) {
+      const size_t part = accept(static_cast<const char*>(parts[i].iov_base), parts[i].iov_len);
+      took += part;
+      if (part < parts[i].iov_len) {
+        break;
+      }
+    }
+    return took;
+  }
+
+  void flush() override {
+    if (chunks[fill] == Chunk::kFilling && chunkBytes[fill] > 0) {
+      seal();
+    }
+    postChunks();
+  }
+
+  ssize_t read(char* dst, size_t n) override {
+    if (!error.empty()) {
+      throw CommError(CommError::Kind::kPeer, error);
+    }
+    size_t got = 0;
+    while (got < n && filled[head]) {
+      const size_t part = std::min(slotBytes[head] - headRead, n - got);
+      std::memcpy(dst + got, slot(head) + headRead, part);
+      got += part;
+      headRead += part;
+      if (headRead == slotBytes[head]) {
+        filled[head] = false;
+        headRead = 0;
+        toRepost.push_back(head);
+        head = (head + 1) % kSlots;
+      }
+    }
+    readBytes += got;
+    if (got > 0) {
+      return static_cast<ssize_t>(got);
+    }
+    return atEnd();
+  }
+
+  // Nothing to read: 0 while the peer lives, -1 at the end of what it sent before it left, or
+  // CommError when it died or its last bytes never came.
+  ssize_t atEnd() {
+    const ofi::Lifelines& lifelines = transport->lifelines_;
+    if (!lifelines.ended(peer)) {
+      return 0;
+    }
+    const auto& farewell = lifelines.farewell(peer);
+    if (!farewell) {
+      throw CommError(CommError::Kind::kPeer, lifelines.endedWhy(peer));
+    }
+    if (readBytes >= farewell->streamBytes) {
+      return -1;
+    }
+    if (endSeen == Clock::time_point{}) {
+      endSeen = Clock::now();
+    }
+    if (Clock::now() - endSeen < kStreamEndGrace) {
+      return 0;
+    }
+    throw CommError(CommError::Kind::kPeer,
+                    farewell->kind == ofi::Farewell::kFault
+                        ? rankName(peer) + " gave up on the group: " + farewell->why
+                        : rankName(peer) + " left the group, but " +
+                              std::to_string(farewell->streamBytes - readBytes) + " bytes it sent never arrived");
+  }
+
+  void consumed() override {
+    repost();
+    sendCredits();
+  }
+
+  size_t peerReadsAbove() const override {
+    return transport->fabric_.offersRma() ? transport->rmaAbove_ : SIZE_MAX;
+  }
+
+  uint64_t lend(const void* buf, size_t n) override {
+    ofi::Region loan;
+    std::string why;
+    if (!transport->fabric_.registerMemory(buf, n, FI_REMOTE_READ, &loan, &why)) {
+      throw CommError(CommError::Kind::kPeer, "cannot lend a message of " + std::to_string(n) + " bytes to " +
+                                                  rankName(peer) + ": " + why);
+    }
+    loans[loan.key] = loan;
+    return loan.key;
+  }
+
+  void endLoan(uint64_t key) override {
+    auto it = loans.find(key);
+    if (it != loans.end()) {
+      transport->fabric_.deregister(it->second);
+      loans.erase(it);
+    }
+  }
+
+  void readPeerMemory(uint64_t address, uint64_t key, char* dst, size_t n) override;
+
+  // The RMA read in flight: its completion sets done (1) or failed (-1).
+  ofi::Posted readPost;
+  int readState = 0;
+  std::string readError;
+};
+
+void OfiTransport::Stream::readPeerMemory(uint64_t remote, uint64_t key, char* dst, size_t n) {
+  ofi::Fabric& fabric = transport->fabric_;
+  ofi::Region local;
+  std::string why;
+  if (fabric.registersLocal() && !fabric.registerMemory(dst, n, FI_READ, &local, &why)) {
+    throw CommError(CommError::Kind::kPeer, "cannot read " + std::to_string(n) + " bytes from " + rankName(peer) +
+                                                ": " + why);
+  }
+  readState = 0;
+  readPost.owner = this;
+  readPost.kind = kRead;
+  ssize_t result;
+  while ((result = fi_read(ep(), dst, n, local.desc, address, fabric.remoteAddress(remote), key, &readPost)) ==
+         -FI_EAGAIN) {
+    transport->pump();
+  }
+  if (result != 0) {
+    fabric.deregister(local);
+    throw CommError(CommError::Kind::kPeer, "libfabric: reading " + std::to_string(n) + " bytes from " +
+                                                rankName(peer) + " failed: " + fi_strerror(static_cast<int>(-result)));
+  }
+  // The peer serves the read when it makes progress, which it does while it waits for this
+  // answer; this rank's other streams move meanwhile.
+  while (readState == 0) {
+    if (!transport->pump()) {
+      if (transport->checkLifelines(false) && transport->lifelines_.ended(peer)) {
+        // The read may still land: the memory stays registered until the endpoint closes.
+        throw CommError(CommError::Kind::kPeer, transport->lifelines_.endedWhy(peer));
+      }
+      sched_yield();
+    }
+  }
+  fabric.deregister(local);
+  if (readState < 0) {
+    throw CommError(CommError::Kind::kPeer, "libfabric: reading " + std::to_string(n) + " bytes from " +
+                                                rankName(peer) + " failed: " + readError);
+  }
+}
+
+OfiTransport::OfiTransport(int rank, int size, std::shared_ptr<Rendezvous> rendezvous, const OfiOptions& options)
+    : MessageTransport(rank, size, options.messages),
+      fabric_(options.provider, options.address),
+      lifelines_(options.address, rank, size),
+      rmaAbove_(options.rmaAbove),
+      timeout_(options.timeout),
+      published_(static_cast<size_t>(size)),
+      streams_(static_cast<size_t>(size)),
+      hellos_(kHelloSlots),
+      helloPosts_(kHelloSlots) {
+  wakeFd_ = ::eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
+  if (wakeFd_ < 0) {
+    throw std::runtime_error(std::string("torus: eventfd: ") + std::strerror(errno));
+  }
+  std::string why;
+  if (fabric_.registersLocal() &&
+      !fabric_.registerMemory(hellos_.data(), hellos_.size() * sizeof(HelloMessage), FI_RECV, &helloRegion_, &why)) {
+    ::close(wakeFd_);
+    throw std::runtime_error("torus: " + why);
+  }
+  for (int i = 0; i < kHelloSlots; ++i) {
+    postHello(i);
+  }
+  rendezvous->set("ofi/" + std::to_string(rank), lifelines_.where() + " " + toHex(fabric_.name()));
+  for (int peer = 0; peer < size; ++peer) {
+    if (peer == rank) {
+      continue;
+    }
+    addPeer(peer);
+    if (!rendezvous->looksUpFromAnyThread()) {
+      published_[peer] = rendezvous->get("ofi/" + std::to_string(peer));
+    }
+  }
+  if (rendezvous->looksUpFromAnyThread()) {
+    rendezvous_ = std::move(rendezvous);
+  }
+  joinHelper();
+}
+
+OfiTransport::~OfiTransport() {
+  leaveHelper();
+  std::unique_lock<std::mutex> lock(mutex_);
+  destroying_ = true;
+  const bool failed = !groupFailure().empty();
+  for (Stream* stream : made_) {
+    const int peer = stream->peer;
+    if (peerFailure(peer).empty() && betweenFrames(peer)) {
+      stream->farewell += ownFrame(kGoodbyeFrame);
+    }
+    lifelines_.sayFarewell(peer, ofi::Farewell{failed ? ofi::Farewell::kFault : ofi::Farewell::kGoodbye,
+                                               stream->written + stream->farewell.size(), groupFailure()});
+  }
+  const Deadline until = Clock::now() + kFarewellLinger;
+  for (bool drained = false; !drained && Clock::now() < until;) {
+    pump();
+    drained = true;
+    for (Stream* stream : made_) {
+      drained &= !stream->sending() || lifelines_.ended(stream->peer);
+    }
+    if (!drained) {
+      sched_yield();
+    }
+  }
+  lifelines_.closeAll(std::chrono::duration_cast<std::chrono::milliseconds>(
+      std::max<Clock::duration>(Clock::duration::zero(), until - Clock::now())));
+  // The endpoint closes before the memory its receives were posted into is freed.
+  for (Stream* stream : made_) {
+    stream->release();
+  }
+  fabric_.deregister(helloRegion_);
+  fabric_.close();
+  ::close(wakeFd_);
+}
+
+void OfiTransport::postHello(int slot) {
+  ofi::Posted& posted = helloPosts_[slot];
+  posted.owner = this;
+  posted.kind = kHelloReceive;
+  posted.index = slot;
+  const ssize_t result = fi_trecv(fabric_.endpoint(), &hellos_[slot], sizeof(HelloMessage), helloRegion_.desc,
+                                  FI_ADDR_UNSPEC, kHelloTag, kRankBits, &posted);
+  if (result != 0) {
+    hellosToPost_.push_back(slot);
+  }
+}
+
+void OfiTransport::makeStream(int peer, fi_addr_t address, const std::string& lifeline, bool dialed) {
+  auto stream = std::make_unique<Stream>();
+  stream->transport = this;
+  stream->peer = peer;
+  stream->address = address;
+  stream->memory.reset(new char[Stream::kMemoryBytes]);
+  std::string why;
+  if (fabric_.registersLocal() &&
+      !fabric_.registerMemory(stream->memory.get(), Stream::kMemoryBytes, FI_SEND | FI_RECV, &stream->region, &why)) {
+    failPeer(peer, "torus: cannot reach " + rankName(peer) + " over libfabric: " + why);
+    return;
+  }
+  stream->desc = stream->region.desc;
+  for (int i = 0; i < kSlots; ++i) {
+    stream->slotPosts[i] = ofi::Posted{{}, stream.get(), kSlotReceive, i};
+    stream->chunkPosts[i] = ofi::Posted{{}, stream.get(), kChunkSend, i};
+    stream->toRepost.push_back(i);
+  }
+  stream->controlReceivePost = ofi::Posted{{}, stream.get(), kControlReceive, 0};
+  stream->controlSendPost = ofi::Posted{{}, stream.get(), kControlSend, 0};
+  stream->helloPost = ofi::Posted{{}, stream.get(), kHelloSend, 0};
+  if (dialed) {
+    HelloMessage& hello = stream->hello();
+    hello = HelloMessage{};
+    hello.rank = rank();
+    hello.size = size();
+    const std::string& name = fabric_.name();
+    hello.nameBytes = static_cast<uint32_t>(std::min(name.size(), sizeof(hello.name)));
+    std::memcpy(hello.name, name.data(), hello.nameBytes);
+    stream->helloToSend = true;
+    lifelines_.dial(peer, lifeline);
+  }
+  stream->pump();
+  if (!abortReason().empty()) { // made after announceAbort: told now
+    stream->farewell = faultFrame(abortReason());
+  }
+  Stream* made = stream.get();
+  streams_[peer] = std::move(stream);
+  made_.push_back(made);
+  attach(peer, made);
+}
+
+void OfiTransport::onHello(const HelloMessage& hello) {
+  const int peer = hello.rank;
+  if (hello.magic != kHelloMagic || hello.size != size() || peer < 0 || peer >= size() || peer == rank() ||
+      hello.nameBytes > sizeof(hello.name) || streams_[peer] || !peerFailure(peer).empty()) {
+    return;
+  }
+  lookups_.erase(peer);
+  try {
+    makeStream(peer, fabric_.insert(std::string(hello.name, hello.nameBytes)), "", false);
+  } catch (const std::exception& e) {
+    failPeer(peer, std::string("torus: cannot reach ") + rankName(peer) + ": " + e.what());
+  }
+}
+
+void OfiTransport::wantLink(int peer) {
+  if (streams_[peer] || lookups_.count(peer)) {
+    return;
+  }
+  Lookup& lookup = lookups_[peer];
+  lookup.deadline = Clock::now() + timeout_;
+  if (advanceLookup(peer, lookup)) {
+    lookups_.erase(peer);
+  }
+  if (progressing_) {
+    wakeSleeper();
+  }
+}
+
+bool OfiTransport::advanceLookup(int peer, Lookup& lookup) {
+  const std::string cannot = "torus: rank " + std::to_string(rank()) + " cannot reach " + rankName(peer);
+  if (streams_[peer] || !peerFailure(peer).empty()) {
+    return true;
+  }
+  if (Clock::now() < lookup.nextTry) {
+    return false;
+  }
+  if (published_[peer].empty()) {
+    std::optional<std::string> found;
+    try {
+      found = rendezvous_->tryGet("ofi/" + std::to_string(peer));
+    } catch (const std::exception& e) {
+      failPeer(peer, cannot + ": its address cannot be read from the store: " + e.what());
+      return true;
+    }
+    if (!found) {
+      if (Clock::now() >= lookup.deadline) {
+        failPeer(peer, cannot + ": it did not publish its address within the timeout (it has not created the "
+                                "group, or failed before it did)");
+        return true;
+      }
+      lookup.nextTry = Clock::now() + std::min<Clock::duration>(
+                                          std::chrono::milliseconds(int64_t{1} << std::min(lookup.tries++, 7)),
+                                          kMaxBackoff);
+      return false;
+    }
+    published_[peer] = *found;
+  }
+  const std::string& published = published_[peer];
+  const auto space = published.find(' ');
+  try {
+    if (space == std::string::npos) {
+      throw std::runtime_error("its published address '" + published + "' is not an OFI one");
+    }
+    makeStream(peer, fabric_.insert(fromHex(published.substr(space + 1))), published.substr(0, space), true);
+  } catch (const std::exception& e) {
+    failPeer(peer, cannot + " over libfabric: " + e.what());
+  }
+  return true;
+}
+
+bool OfiTransport::hasOwnWork() const {
+  if (!lookups_.empty() || !hellosToPost_.empty()) {
+    return true;
+  }
+  for (const Stream* stream : made_) {
+    if (stream->sending()) {
+      return true;
+    }
+  }
+  return false;
+}
+
+void OfiTransport::completed(ofi::Posted* posted, size_t bytes) {
+  if (posted == nullptr) {
+    return;
+  }
+  if (posted->kind == kHelloReceive) {
+    onHello(hellos_[posted->index]);
+    postHello(posted->index);
+    return;
+  }
+  auto* stream = static_cast<Stream*>(posted->owner);
+  switch (posted->kind) {
+    case kSlotReceive:
+      stream->filled[posted->index] = true;
+      stream->slotBytes[posted->index] = bytes;
+      break;
+    case kChunkSend:
+      stream->chunks[posted->index] = Stream::Chunk::kFree;
+      break;
+    case kControlReceive:
+      stream->credits += static_cast<int>(stream->creditWords()[0]);
+      stream->controlReceivePosted = false;
+      stream->postControlReceive();
+      stream->postChunks();
+      break;
+    case kControlSend:
+      stream->controlSendBusy = false;
+      break;
+    case kHelloSend:
+      stream->helloBusy = false;
+      break;
+    case kRead:
+      stream->readState = 1;
+      break;
+  }
+}
+
+void OfiTransport::failed(ofi::Posted* posted, const std::string& why) {
+  if (posted == nullptr || destroying_) {
+    return;
+  }
+  if (posted->kind == kHelloReceive) {
+    hellosToPost_.push_back(posted->index);
+    return;
+  }
+  auto* stream = static_cast<Stream*>(posted->owner);
+  if (posted->kind == kRead) {
+    stream->readState = -1;
+    stream->readError = why;
+    return;
+  }
+  if (stream->error.empty()) {
+    stream->error = "libfabric: an operation with " + rankName(stream->peer) + " failed: " + why;
+  }
+}
+
+bool OfiTransport::pump() {
+  bool moved = false;
+  while (fabric_.readCompletions(
+             16, [this](ofi::Posted* posted, size_t bytes) { completed(posted, bytes); },
+             [this](ofi::Posted* posted, const std::string& why) { failed(posted, why); }) > 0) {
+    moved = true;
+  }
+  for (size_t i = hellosToPost_.size(); i-- > 0;) {
+    const int slot = hellosToPost_[i];
+    hellosToPost_.erase(hellosToPost_.begin() + static_cast<std::ptrdiff_t>(i));
+    postHello(slot);
+  }
+  for (Stream* stream : made_) {
+    if (!lifelines_.ended(stream->peer) || !stream->farewell.empty()) {
+      moved |= stream->pump();
+    }
+  }
+  return moved;
+}
+
+bool OfiTransport::checkLifelines(bool now) {
+  if (!now && Clock::now() < nextLifelineCheck_) {
+    return false;
+  }
+  nextLifelineCheck_ = Clock::now() + kLifelineCheck;
+  return lifelines_.check();
+}
+
+bool OfiTransport::advanceLookups() {
+  bool moved = false;
+  for (auto it = lookups_.begin(); it != lookups_.end();) {
+    if (advanceLookup(it->first, it->second)) {
+      moved = true;
+      it = lookups_.erase(it);
+    } else {
+      ++it;
+    }
+  }
+  return moved;
+}
+
+bool OfiTransport::checkPeers() {
+  bool moved = pump();
+  moved |= advanceLookups();
+  return checkLifelines(false) || moved;
+}
+
+void OfiTransport::announceAbort(const std::string& why) {
+  // A peer reads the rest of any frame cut off partly written, then the fault frame; its
+  // lifeline says how many bytes that makes, and why, in case the stream cannot deliver them.
+  for (Stream* stream : made_) {
+    if (canTell(stream->peer)) {
+      stream->farewell += restOfFrame(stream->peer) + faultFrame(why);
+      lifelines_.sayFarewell(stream->peer, ofi::Farewell{ofi::Farewell::kFault,
+                                                         stream->written + stream->farewell.size(), why});
+      stream->pump();
+    }
+  }
+}
+
+void OfiTransport::wakeSleeper() {
+  uint64_t one = 1;
+  ssize_t ignored = ::write(wakeFd_, &one, sizeof(one));
+  (void)ignored;
+}
+
+bool OfiTransport::sleep(std::unique_lock<std::mutex>& lock, Deadline deadline) {
+  if (pump()) {
+    return true;
+  }
+  std::vector<pollfd> fds;
+  fds.push_back({wakeFd_, POLLIN, 0});
+  int timeoutMs;
+  if (fabric_.waitFd() >= 0) {
+    if (!fabric_.mayBlock()) {
+      return true; // completions arrived since the pump
+    }
+    fds.push_back({fabric_.waitFd(), POLLIN, 0});
+    Clock::time_point wakeAt = deadline;
+    for (const auto& [peer, lookup] : lookups_) {
+      wakeAt = std::min(wakeAt, lookup.nextTry);
+    }
+    timeoutMs = millisecondsUntil(wakeAt, kIdleCheckMs);
+  } else {
+    timeoutMs = 0;
+  }
+  lifelines_.watch(fds);
+  lock.unlock();
+  int ready;
+  if (timeoutMs == 0 && fabric_.waitFd() < 0) {
+    const timespec pause{0, std::chrono::duration_cast<std::chrono::nanoseconds>(kPolledSleep).count()};
+    ready = ::ppoll(fds.data(), fds.size(), &pause, nullptr);
+  } else {
+    ready = ::poll(fds.data(), fds.size(), timeoutMs);
+  }
+  lock.lock();
+  if (fds[0].revents) {
+    uint64_t drained;
+    ssize_t ignored = ::read(wakeFd_, &drained, sizeof(drained));
+    (void)ignored;
+  }
+  bool moved = pump();
+  moved |= checkLifelines(true);
+  moved |= advanceLookups();
+  if (ready > 0 || moved) {
+    return true;
+  }
+  // A polled provider wakes every kPolledSleep: the idle checks still run every kIdleCheckMs.
+  if (Clock::now() - lastIdle_ < std::chrono::milliseconds(kIdleCheckMs)) {
+    return true;
+  }
+  lastIdle_ = Clock::now();
+  return false;
+}
+
+bool ofiBuilt() {
+  return true;
+}
+
+std::unique_ptr<MessageTransport> makeOfiTransport(int rank, int size, std::shared_ptr<Rendezvous> rendezvous,
+                                                   const OfiOptions& options, std::string* description) {
+  auto transport = std::make_unique<OfiTransport>(rank, size, std::move(rendezvous), options);
+  *description = "ofi: " + transport->description();
+  return transport;
+}
+
+} // namespace torus

@@ -1,0 +1,65 @@
+// OfiTransport: libfabric (OFI) reliable-datagram endpoints between ranks, under the message
+// layer (MessageTransport), which frames, matches and flow-controls the messages — so every
+// contract of the TCP transport (order per pair and tag, exact sizes, call signatures checked,
+// deadlines, abort that tells every peer, a dead peer named, bounded memory for messages nobody
+// asked for) holds over any provider: tcp, verbs, psm2/3, cxi, efa, shm.
+//
+// Each pair of ranks has a stream each way: the sender copies the layer's bytes into chunks of
+// kChunkBytes and sends each with fi_tsend tagged (kStreamTag | sender), into one of kSlots receive buffers the receiver keeps posted for
+// it. The provider keeps sends between two endpoints in order (FI_ORDER_SAS), so chunks fill the
+// slots in the order they were posted. A sender holds one credit per free slot of the receiver
+// and sends no chunk without one; the receiver reposts a slot once the layer has read it and
+// returns the credits (kControlTag | receiver, 8 bytes) once half the slots are free again. So
+// at most kSlots chunks per peer wait anywhere, whatever the peer does.
+//
+// Large messages: where the provider offers RMA reads, a message above rmaAbove is lent (its
+// buffer registered, FI_REMOTE_READ) and announced with its address and key; the receiver reads
+// it with fi_read straight into the receive's buffer and answers done, which ends the loan. No
+// copy on either side. Elsewhere it goes as a stream of chunks once the receive is posted.
+//
+// Setup: each rank publishes "ofi/<rank>" (its lifeline's address and its endpoint's name). The
+// first send to or receive from a peer looks it up, inserts it in the address vector, posts the
+// slots for it and sends it a hello (kHelloTag, its rank and name) so that the peer makes its
+// side without a lookup. A rank that keeps posted receives only for peers it talks to.
+//
+// Dead peers: no provider reliably reports one (BENCHMARKS.md), so each pair also holds a TCP
+// lifeline (ofi/lifelines.h) and nothing more is posted to a peer whose lifeline closed.
+//
+// Progress is manual: whichever thread waits reads the completion queue; it sleeps in poll() on
+// the queue's wait descriptor (fi_trywait), the lifelines and a wake-up eventfd; a provider
+// without a wait descriptor is polled with a short sleep. No send is injected (fi_tinject): a
+// provider may hold an injected message until it next makes progress, and only a completion
+// tells this rank that it must keep making it (the process's progress helper does while a
+// send is out, when no thread waits).
+#pragma once
+
+#include <chrono>
+#include <memory>
+#include <string>
+
+#include "transport/message_transport.h"
+#include "transport/rendezvous.h"
+
+namespace torus {
+
+struct OfiOptions {
+  // libfabric provider ("tcp", "verbs", "shm", ...); empty: libfabric's first that fits
+  // (FI_PROVIDER narrows it).
+  std::string provider;
+  // The address this rank's endpoint and lifeline bind to and publish.
+  std::string address = "127.0.0.1";
+  // Bounds looking up and reaching each peer, from the first request that needs it.
+  std::chrono::milliseconds timeout{std::chrono::minutes(30)};
+  // Messages above this go by RMA reads where the provider offers them.
+  size_t rmaAbove = 256 * 1024;
+  MessageOptions messages;
+};
+
+// Whether this build has libfabric.
+bool ofiBuilt();
+// An OfiTransport; without libfabric in the build, throws std::invalid_argument saying how to
+// get it. Throws std::runtime_error when libfabric has no fitting provider here.
+std::unique_ptr<MessageTransport> makeOfiTransport(int rank, int size, std::shared_ptr<Rendezvous> rendezvous,
+                                                   const OfiOptions& options, std::string* description);
+
+} // namespace torus
