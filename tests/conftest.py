@@ -1,7 +1,9 @@
 """pytest wiring for the multi-process harness (see harness.py).
 
 * ``backend`` fixture: parametrized over TORUS_TEST_BACKENDS (comma separated, default
-  "torus+shm,torus+tcp": torus over each transport, see harness.split_backend);
+  "torus+shm,torus+tcp": torus over each transport, see harness.split_backend; modules that set
+  ``TRANSPORT_CONTRACT = True`` also run over "torus+ofi", skipped with the reason in a build
+  without libfabric);
   ``TORUS_TEST_BACKENDS=gloo`` runs the very same tests against gloo, to validate the tests
   themselves.  Per-backend deviations live in ONE table: expectations.py.
 * Pools are session-scoped (harness._POOLS) and torn down at session end.
@@ -27,6 +29,20 @@ import harness  # noqa: E402
 
 BACKENDS = [b.strip() for b in os.environ.get("TORUS_TEST_BACKENDS", "torus+shm,torus+tcp").split(",")
             if b.strip()]
+# The suites every transport must pass (collectives, point-to-point, faults, flow control,
+# timeouts) run over OFI too unless TORUS_TEST_BACKENDS chooses the backends.
+OFI_BACKEND = "torus+ofi"
+CONTRACT_BACKENDS = BACKENDS if "TORUS_TEST_BACKENDS" in os.environ else BACKENDS + [OFI_BACKEND]
+
+
+def _without_ofi():
+    """Why the OFI transport cannot be tested here, or None."""
+    import torch_torus
+
+    if torch_torus._C.built_with_ofi:
+        return None
+    return ("torch_torus was built without libfabric (apt install libfabric-dev, then reinstall): "
+            "the ofi transport is not tested")
 HARD_LIMIT = float(os.environ.get("TORUS_TEST_HARD_LIMIT", "900") or 0)
 
 
@@ -42,7 +58,12 @@ def pytest_report_header(config):
 
 def pytest_generate_tests(metafunc):
     if "backend" in metafunc.fixturenames:
-        metafunc.parametrize("backend", BACKENDS)
+        backends = CONTRACT_BACKENDS if getattr(metafunc.module, "TRANSPORT_CONTRACT", False) else BACKENDS
+        params = []
+        for backend in backends:
+            skip = harness.split_backend(backend)[1].get("TORUS_TRANSPORT", "").endswith("ofi") and _without_ofi()
+            params.append(pytest.param(backend, marks=pytest.mark.skip(reason=skip)) if skip else backend)
+        metafunc.parametrize("backend", params)
 
 
 @pytest.hookimpl(hookwrapper=True)
@@ -65,6 +86,7 @@ SKIP_CAUSES = [
     ("no GPU or no CUDA build", ("no GPU", "built without CUDA", "without its CUDA path", "nvcc", "CUDA")),
     ("no MPI", ("mpi4py", "mpiexec", "MPI")),
     ("no network namespaces", ("emulate a cluster",)),
+    ("no libfabric", ("libfabric",)),
     ("a dtype/op pair every device rejects", ("rejected on every device",)),
     ("not for this backend", ("TORUS_TEST_BACKENDS", "torus's", "gloo")),
     ("variants left out by design", ("many buckets matter", "once, at one point", "not checked")),

@@ -24,6 +24,11 @@ class Link {
   virtual ssize_t read(char* dst, size_t n) = 0;
   // After writes: makes them visible to the peer and wakes it.
   virtual void flush() {}
+  // How many of the bytes written the Link has handed on for good, so that they reach the peer
+  // even if this process dies now (UINT64_MAX: every byte, as soon as write() takes it).
+  virtual uint64_t sentBytes() const {
+    return UINT64_MAX;
+  }
   // After reads: frees what they consumed and wakes a peer waiting for the space.
   virtual void consumed() {}
 

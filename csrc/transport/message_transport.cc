@@ -73,6 +73,10 @@ struct MessageTransport::Peer {
   // A write to the peer failed: nothing more is written while what it sent is read.
   bool writeFailed = false;
   size_t headSent = 0;
+  // Bytes written to the Link, in all, and the sends written whole whose last byte (at that
+  // offset) the Link has not yet handed on for good (Link::sentBytes).
+  uint64_t written = 0;
+  std::deque<std::pair<uint64_t, std::shared_ptr<Op>>> unconfirmed;
   uint64_t nextSequence = 0;
   // Ready-to-send sends, until the answer (clear-to-send or done) comes, by sequence.
   std::unordered_map<uint64_t, std::shared_ptr<Op>> awaitingAnswer;
@@ -363,7 +367,6 @@ void MessageTransport::queue(Peer& peer, Frame frame) {
 }
 
 bool MessageTransport::trySend(Peer& peer) {
-  bool completed = false;
   bool wrote = false;
   while (peer.link && !peer.sends.empty() && peer.failure.empty() && !peer.writeFailed) {
     Frame& frame = peer.sends.front();
@@ -393,6 +396,7 @@ bool MessageTransport::trySend(Peer& peer) {
       break;
     }
     wrote = true;
+    peer.written += took;
     peer.headSent += took;
     if (peer.headSent < sizeof(WireHeader) + frame.payloadBytes) {
       continue;
@@ -401,14 +405,27 @@ bool MessageTransport::trySend(Peer& peer) {
     Frame sent = std::move(peer.sends.front());
     peer.sends.pop_front();
     if (sent.header.kind == kEagerFrame || sent.header.kind == kDataFrame) {
-      sent.op->complete = true;
-      completed = true;
+      peer.unconfirmed.emplace_back(peer.written, std::move(sent.op));
     } else if (sent.header.kind == kReadyToSendFrame) {
       peer.awaitingAnswer[sent.header.sequence] = std::move(sent.op);
     }
   }
   if (wrote) {
     peer.link->flush();
+  }
+  return confirmSends(peer);
+}
+
+bool MessageTransport::confirmSends(Peer& peer) {
+  if (peer.unconfirmed.empty()) {
+    return false;
+  }
+  const uint64_t sent = peer.link->sentBytes();
+  bool completed = false;
+  while (!peer.unconfirmed.empty() && peer.unconfirmed.front().first <= sent) {
+    peer.unconfirmed.front().second->complete = true;
+    peer.unconfirmed.pop_front();
+    completed = true;
   }
   return completed;
 }
@@ -625,6 +642,10 @@ void MessageTransport::failPending(Peer& peer, CommError::Kind kind, const std::
   }
   peer.sends.clear();
   peer.headSent = 0;
+  for (auto& entry : peer.unconfirmed) {
+    entry.second->fail(kind, why);
+  }
+  peer.unconfirmed.clear();
   failAwaiting(peer.awaitingAnswer, kind, why);
   failAwaiting(peer.awaitingData, kind, why);
   failQueued(peer.posted, kind, why);
@@ -816,7 +837,8 @@ bool MessageTransport::hasPending() const {
   }
   for (const Peer* peer : used_) {
     if (peer->failure.empty() &&
-        (!peer->sends.empty() || !peer->awaitingAnswer.empty() || !peer->awaitingData.empty() ||
+        (!peer->sends.empty() || !peer->unconfirmed.empty() || !peer->awaitingAnswer.empty() ||
+         !peer->awaitingData.empty() ||
          !peer->posted.empty() || peer->target)) {
       return true;
     }

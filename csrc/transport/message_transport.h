@@ -23,6 +23,11 @@
 // receive. So a rank holds at most eagerWindowBytes of payload per peer that it has not asked
 // for, however far ahead the peer runs, and the kernel's own flow control is never defeated.
 //
+// A send completes once its Link has handed its last byte on for good (Link::sentBytes): to the
+// kernel for sockets and shared memory as soon as it is written, to the fabric when its send
+// completes for OFI. So a rank that returns from a collective and dies leaves nothing undelivered
+// that its peers wait for, as with TCP.
+//
 // Ordering: matching happens when a header arrives, in stream order, so messages of one tag
 // between two ranks match receives in the order they were sent whichever protocol each took.
 #pragma once
@@ -177,6 +182,8 @@ class MessageTransport : public PolledTransport {
   // The peer, after asking the transport for a Link if it has none.
   Peer& linkedPeer(int rank);
   bool trySend(Peer& peer);
+  // Completes the sends whose bytes the Link has handed on for good; true when one completed.
+  bool confirmSends(Peer& peer);
   bool tryRecv(Peer& peer);
   // tryRecv by a thread that is not driving progress (it wakes the one that is).
   void readOutOfTurn(Peer& peer);

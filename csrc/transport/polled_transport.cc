@@ -3,6 +3,7 @@
 #include <pthread.h>
 
 #include <algorithm>
+#include <atomic>
 #include <set>
 #include <sstream>
 #include <thread>
@@ -89,6 +90,7 @@ class ProgressHelper {
   }
 
   void join(PolledTransport* transport) {
+    Entering entering(*this);
     std::lock_guard<std::mutex> lock(mutex_);
     transports_.insert(transport);
     if (!running_) {
@@ -99,6 +101,7 @@ class ProgressHelper {
 
   // Returns once the helper no longer touches `transport`.
   void leave(PolledTransport* transport) {
+    Entering entering(*this);
     std::lock_guard<std::mutex> lock(mutex_);
     transports_.erase(transport);
   }
@@ -115,6 +118,14 @@ class ProgressHelper {
         // Unlocked while asleep, so that transports join and leave meanwhile.
         lock.unlock();
         std::this_thread::sleep_for(PolledTransport::kUnattended);
+        lock.lock();
+      } else if (entering_.load() > 0) {
+        // A transport that always has work (a farewell its peer never reads) must not keep
+        // others from joining or leaving: the lock is handed over before the next round.
+        lock.unlock();
+        while (entering_.load() > 0) {
+          std::this_thread::yield();
+        }
         lock.lock();
       }
     }
@@ -135,7 +146,19 @@ class ProgressHelper {
     helper.mutex_.unlock();
   }
 
+  // Counts the threads waiting to join or leave while it is held.
+  struct Entering {
+    ProgressHelper& helper;
+    explicit Entering(ProgressHelper& h) : helper(h) {
+      ++helper.entering_;
+    }
+    ~Entering() {
+      --helper.entering_;
+    }
+  };
+
   std::mutex mutex_;
+  std::atomic<int> entering_{0};
   std::set<PolledTransport*> transports_;
   bool running_ = false;
 };

@@ -157,6 +157,7 @@ bool Lifelines::check() {
       unknown_.erase(unknown_.begin() + static_cast<std::ptrdiff_t>(i));
       if (open && !peers_[peer].ended) {
         peers_[peer].lines.push_back(line);
+        deliverFarewell(peers_[peer], peers_[peer].lines.back());
       } else {
         closeSocket(line.fd);
         endedNow |= !peers_[peer].ended;
@@ -192,6 +193,7 @@ bool Lifelines::check() {
         }
         line.connecting = false;
         line.helloRead = true; // a dialed line carries no Hello back
+        deliverFarewell(p, line);
       }
       int self = peer;
       if (!readLine(line, &self)) {
@@ -221,35 +223,51 @@ void Lifelines::watch(std::vector<pollfd>& fds) const {
   }
 }
 
+bool Lifelines::peerWaiting() const {
+  if (!unknown_.empty()) {
+    return true;
+  }
+  pollfd pfd{listenFd_, POLLIN, 0};
+  return listenFd_ >= 0 && ::poll(&pfd, 1, 0) > 0;
+}
+
 void Lifelines::sayFarewell(int peer, const Farewell& farewell) {
   Peer& p = peers_[peer];
-  if (p.saidFarewell) {
+  if (!p.farewellBytes.empty()) {
     return;
   }
-  p.saidFarewell = true;
   const std::string why = farewell.why.substr(0, kWhyBytes);
   FarewellHeader header{kFarewellMagic, farewell.kind, farewell.streamBytes, static_cast<uint32_t>(why.size()), 0};
-  std::string bytes(reinterpret_cast<const char*>(&header), sizeof(header));
-  bytes += why;
+  p.farewellBytes.assign(reinterpret_cast<const char*>(&header), sizeof(header));
+  p.farewellBytes += why;
   for (Line& line : p.lines) {
-    if (!line.connecting) {
-      // A new socket's buffer takes the whole farewell at once; a peer that is gone needs none.
-      ssize_t ignored = ::send(line.fd, bytes.data(), bytes.size(), MSG_NOSIGNAL | MSG_DONTWAIT);
-      (void)ignored;
-      ::shutdown(line.fd, SHUT_WR);
-    }
+    deliverFarewell(p, line);
   }
+}
+
+void Lifelines::deliverFarewell(Peer& p, Line& line) {
+  if (p.farewellBytes.empty() || line.connecting || line.saidFarewell) {
+    return;
+  }
+  line.saidFarewell = true;
+  // A new socket's buffer takes the whole farewell at once; a peer that is gone needs none.
+  ssize_t ignored = ::send(line.fd, p.farewellBytes.data(), p.farewellBytes.size(), MSG_NOSIGNAL | MSG_DONTWAIT);
+  (void)ignored;
+  ::shutdown(line.fd, SHUT_WR);
 }
 
 void Lifelines::closeAll(std::chrono::milliseconds linger) {
   const auto until = std::chrono::steady_clock::now() + linger;
+  // Lines that peers dialed and this rank has not taken yet get the farewell too, where their
+  // Hello is there to say whose they are.
+  check();
   auto unacknowledged = [](int fd) {
     int bytes = 0;
     return ::ioctl(fd, SIOCOUTQ, &bytes) == 0 && bytes > 0;
   };
   for (Peer& p : peers_) {
     for (Line& line : p.lines) {
-      while (p.saidFarewell && unacknowledged(line.fd) && std::chrono::steady_clock::now() < until) {
+      while (line.saidFarewell && unacknowledged(line.fd) && std::chrono::steady_clock::now() < until) {
         char drain[256];
         while (::recv(line.fd, drain, sizeof(drain), MSG_DONTWAIT) > 0) {
         }

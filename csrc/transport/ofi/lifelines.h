@@ -44,6 +44,9 @@ class Lifelines {
   bool check();
   // The descriptors a sleep should watch for check().
   void watch(std::vector<pollfd>& fds) const;
+  // A peer is dialing this rank, or its Hello has not been read: progress must be made to
+  // answer it (also on a rank whose group failed, which tells it why).
+  bool peerWaiting() const;
 
   // The peer's lifeline closed (it exited, was killed, left or gave up), or could not be made.
   bool ended(int peer) const {
@@ -57,7 +60,8 @@ class Lifelines {
     return peers_[peer].farewell;
   }
 
-  // This rank's last word to `peer`, on each of its lifelines (best effort, once).
+  // This rank's last word to `peer`, on each of its lifelines, also those made later (best
+  // effort, once).
   void sayFarewell(int peer, const Farewell& farewell);
   // Closes every lifeline, first waiting (at most `linger`) until the peers' kernels have the
   // farewells: closing a socket with unread bytes resets it, and a reset drops what the kernel
@@ -69,19 +73,21 @@ class Lifelines {
     int fd = -1;
     bool connecting = false; // dialed, not connected yet
     bool helloRead = false; // accepted: its Hello arrived
+    bool saidFarewell = false;
     std::string inbound; // accepted, before the Hello: its bytes; else the farewell's
   };
   struct Peer {
     std::vector<Line> lines;
     bool ended = false;
-    bool saidFarewell = false;
     std::string why;
-    std::optional<Farewell> farewell;
+    std::optional<Farewell> farewell; // the peer's
+    std::string farewellBytes; // this rank's, once said: every line of the peer gets it
   };
 
   // Reads what the line holds; false when it closed or broke.
   bool readLine(Line& line, int* peer);
   void end(int peer, const std::string& why);
+  void deliverFarewell(Peer& p, Line& line);
 
   const int rank_;
   const int size_;

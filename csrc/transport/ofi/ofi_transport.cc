@@ -42,6 +42,9 @@ constexpr auto kLifelineCheck = std::chrono::milliseconds(1);
 constexpr auto kFarewellLinger = std::chrono::seconds(1);
 // After a peer's farewell, the rest of its stream may still be on the way for this long.
 constexpr auto kStreamEndGrace = std::chrono::seconds(2);
+// After an operation with a peer failed, or its lifeline closed without a farewell, the lifeline
+// or the stream may still say why for this long.
+constexpr auto kFarewellGrace = std::chrono::milliseconds(500);
 // Looking up an address not yet published backs off from 1 ms to this.
 constexpr auto kMaxBackoff = std::chrono::milliseconds(100);
 
@@ -133,6 +136,8 @@ class OfiTransport : public MessageTransport {
   void onHello(const HelloMessage& hello);
   // Looks at the lifelines (at most every kLifelineCheck unless `now`); true when a peer ended.
   bool checkLifelines(bool now);
+  // This rank's farewell (the bytes of each stream, `why`) on every lifeline, now and later.
+  void sayFarewells(ofi::Farewell::Kind kind, const std::string& why);
 
   ofi::Fabric fabric_;
   ofi::Lifelines lifelines_;
@@ -182,6 +187,12 @@ struct OfiTransport::Stream : Link {
   int fill = 0; // the chunk filled next
   std::deque<int> sealed; // chunks waiting for a credit, in order
   int credits = kSlots;
+  uint64_t chunkEnd[kSlots] = {}; // the stream offset after each sealed chunk's last byte
+  // Posted chunks in order; a chunk whose send completed before an older one's stays posted
+  // (sendDone) until the older ones complete, so the bytes handed on are always a prefix.
+  std::deque<int> inFlight;
+  bool sendDone[kSlots] = {};
+  uint64_t handedOn = 0; // bytes of the chunks whose sends completed, in order
 
   ofi::Posted controlReceivePost;
   bool controlReceivePosted = false;
@@ -197,6 +208,7 @@ struct OfiTransport::Stream : Link {
   uint64_t readBytes = 0;
   std::string farewell; // the transport's own last bytes (fault or goodbye frames), not yet taken
   std::string error; // a failed operation with this peer
+  Clock::time_point errorSeen{};
   Clock::time_point endSeen{}; // when the peer's farewell was seen with bytes still to come
   std::unordered_map<uint64_t, ofi::Region> loans; // lent memory, by key
 
@@ -239,6 +251,7 @@ struct OfiTransport::Stream : Link {
   // Takes what fits of `n` bytes into chunks; returns how many.
   size_t accept(const char* data, size_t n) {
     size_t took = 0;
+    const uint64_t start = written;
     while (took < n) {
       if (chunks[fill] == Chunk::kFree) {
         chunks[fill] = Chunk::kFilling;
@@ -251,15 +264,16 @@ struct OfiTransport::Stream : Link {
       std::memcpy(chunk(fill) + chunkBytes[fill], data + took, part);
       chunkBytes[fill] += part;
       took += part;
+      written = start + took;
       if (chunkBytes[fill] == kChunkBytes) {
         seal();
       }
     }
-    written += took;
     return took;
   }
 
   void seal() {
+    chunkEnd[fill] = written;
     chunks[fill] = Chunk::kSealed;
     sealed.push_back(fill);
     fill = (fill + 1) % kSlots;
@@ -282,6 +296,7 @@ struct OfiTransport::Stream : Link {
       sealed.pop_front();
       --credits;
       chunks[i] = Chunk::kPosted;
+      inFlight.push_back(i);
       sent = true;
     }
     return sent;
@@ -403,9 +418,36 @@ struct OfiTransport::Stream : Link {
 
   // ---- Link ----
 
+  // An operation with the peer failed: libfabric says so when the peer's endpoint closes,
+  // before its lifeline may have told why. For up to kFarewellGrace, 0 (wait); then the
+  // reason the lifeline gave, or the error.
+  ssize_t broken() {
+    const ofi::Lifelines& lifelines = transport->lifelines_;
+    if (lifelines.ended(peer)) {
+      const auto& farewell = lifelines.farewell(peer);
+      if (farewell && farewell->kind == ofi::Farewell::kFault) {
+        throw CommError(CommError::Kind::kPeer, rankName(peer) + " gave up on the group: " + farewell->why);
+      }
+      if (farewell) {
+        return -1; // it left: the layer decides whether that is a failure
+      }
+      throw CommError(CommError::Kind::kPeer, lifelines.endedWhy(peer));
+    }
+    if (errorSeen == Clock::time_point{}) {
+      errorSeen = Clock::now();
+    }
+    if (Clock::now() - errorSeen < kFarewellGrace) {
+      return 0;
+    }
+    throw CommError(CommError::Kind::kPeer, error);
+  }
+
   size_t write(const iovec* parts, int count) override {
     if (!error.empty()) {
-      throw CommError(CommError::Kind::kPeer, error);
+      if (broken() == 0) {
+        return 0;
+      }
+      throw CommError(CommError::Kind::kPeer, rankName(peer) + " left the group (destroyed its process group)");
     }
     if (transport->lifelines_.ended(peer)) {
       // Never post to a peer that may be gone: the shm provider spins forever on one.
@@ -422,6 +464,22 @@ struct OfiTransport::Stream : Link {
     return took;
   }
 
+  // A chunk's send completed.
+  void sent(int i) {
+    sendDone[i] = true;
+    while (!inFlight.empty() && sendDone[inFlight.front()]) {
+      const int oldest = inFlight.front();
+      inFlight.pop_front();
+      sendDone[oldest] = false;
+      handedOn = chunkEnd[oldest];
+      chunks[oldest] = Chunk::kFree;
+    }
+  }
+
+  uint64_t sentBytes() const override {
+    return handedOn;
+  }
+
   void flush() override {
     if (chunks[fill] == Chunk::kFilling && chunkBytes[fill] > 0) {
       seal();
@@ -431,7 +489,7 @@ struct OfiTransport::Stream : Link {
 
   ssize_t read(char* dst, size_t n) override {
     if (!error.empty()) {
-      throw CommError(CommError::Kind::kPeer, error);
+      return broken();
     }
     size_t got = 0;
     while (got < n && filled[head]) {
@@ -461,16 +519,21 @@ struct OfiTransport::Stream : Link {
       return 0;
     }
     const auto& farewell = lifelines.farewell(peer);
-    if (!farewell) {
-      throw CommError(CommError::Kind::kPeer, lifelines.endedWhy(peer));
-    }
-    if (readBytes >= farewell->streamBytes) {
-      return -1;
-    }
     if (endSeen == Clock::time_point{}) {
       endSeen = Clock::now();
     }
-    if (Clock::now() - endSeen < kStreamEndGrace) {
+    if (!farewell) {
+      // Killed, or gone before its farewell could be written: a fault frame it sent may still
+      // be on the fabric, and says better why.
+      if (Clock::now() - endSeen < kFarewellGrace) {
+        return 0;
+      }
+      throw CommError(CommError::Kind::kPeer, lifelines.endedWhy(peer));
+    }
+    if (readBytes >= farewell->streamBytes && farewell->kind == ofi::Farewell::kGoodbye) {
+      return -1;
+    }
+    if (readBytes < farewell->streamBytes && Clock::now() - endSeen < kStreamEndGrace) {
       return 0;
     }
     throw CommError(CommError::Kind::kPeer,
@@ -598,15 +661,12 @@ OfiTransport::~OfiTransport() {
   leaveHelper();
   std::unique_lock<std::mutex> lock(mutex_);
   destroying_ = true;
-  const bool failed = !groupFailure().empty();
   for (Stream* stream : made_) {
-    const int peer = stream->peer;
-    if (peerFailure(peer).empty() && betweenFrames(peer)) {
+    if (peerFailure(stream->peer).empty() && betweenFrames(stream->peer)) {
       stream->farewell += ownFrame(kGoodbyeFrame);
     }
-    lifelines_.sayFarewell(peer, ofi::Farewell{failed ? ofi::Farewell::kFault : ofi::Farewell::kGoodbye,
-                                               stream->written + stream->farewell.size(), groupFailure()});
   }
+  sayFarewells(groupFailure().empty() ? ofi::Farewell::kGoodbye : ofi::Farewell::kFault, groupFailure());
   const Deadline until = Clock::now() + kFarewellLinger;
   for (bool drained = false; !drained && Clock::now() < until;) {
     pump();
@@ -673,10 +733,10 @@ void OfiTransport::makeStream(int peer, fi_addr_t address, const std::string& li
     stream->helloToSend = true;
     lifelines_.dial(peer, lifeline);
   }
-  stream->pump();
-  if (!abortReason().empty()) { // made after announceAbort: told now
-    stream->farewell = faultFrame(abortReason());
+  if (!groupFailure().empty()) { // a peer that comes after the group failed is told why
+    stream->farewell = faultFrame(groupFailure());
   }
+  stream->pump();
   Stream* made = stream.get();
   streams_[peer] = std::move(stream);
   made_.push_back(made);
@@ -686,9 +746,10 @@ void OfiTransport::makeStream(int peer, fi_addr_t address, const std::string& li
 void OfiTransport::onHello(const HelloMessage& hello) {
   const int peer = hello.rank;
   if (hello.magic != kHelloMagic || hello.size != size() || peer < 0 || peer >= size() || peer == rank() ||
-      hello.nameBytes > sizeof(hello.name) || streams_[peer] || !peerFailure(peer).empty()) {
+      hello.nameBytes > sizeof(hello.name) || streams_[peer]) {
     return;
   }
+  // A peer that says hello after the group failed gets a stream all the same: it carries why.
   lookups_.erase(peer);
   try {
     makeStream(peer, fabric_.insert(std::string(hello.name, hello.nameBytes)), "", false);
@@ -754,7 +815,7 @@ bool OfiTransport::advanceLookup(int peer, Lookup& lookup) {
 }
 
 bool OfiTransport::hasOwnWork() const {
-  if (!lookups_.empty() || !hellosToPost_.empty()) {
+  if (!lookups_.empty() || !hellosToPost_.empty() || lifelines_.peerWaiting()) {
     return true;
   }
   for (const Stream* stream : made_) {
@@ -781,7 +842,7 @@ void OfiTransport::completed(ofi::Posted* posted, size_t bytes) {
       stream->slotBytes[posted->index] = bytes;
       break;
     case kChunkSend:
-      stream->chunks[posted->index] = Stream::Chunk::kFree;
+      stream->sent(posted->index);
       break;
     case kControlReceive:
       stream->credits += static_cast<int>(stream->creditWords()[0]);
@@ -873,9 +934,18 @@ void OfiTransport::announceAbort(const std::string& why) {
   for (Stream* stream : made_) {
     if (canTell(stream->peer)) {
       stream->farewell += restOfFrame(stream->peer) + faultFrame(why);
-      lifelines_.sayFarewell(stream->peer, ofi::Farewell{ofi::Farewell::kFault,
-                                                         stream->written + stream->farewell.size(), why});
       stream->pump();
+    }
+  }
+  sayFarewells(ofi::Farewell::kFault, why);
+}
+
+void OfiTransport::sayFarewells(ofi::Farewell::Kind kind, const std::string& why) {
+  // Every peer, also one this rank never talked to: it may be dialing now, waiting for it.
+  for (int peer = 0; peer < size(); ++peer) {
+    if (peer != rank()) {
+      const Stream* stream = streams_[peer].get();
+      lifelines_.sayFarewell(peer, ofi::Farewell{kind, stream ? stream->written + stream->farewell.size() : 0, why});
     }
   }
 }
