@@ -16,6 +16,9 @@ from reference import (DTYPE_NAMES, OPS, WORLD_SIZES, allreduce_contract, check_
                        compare, dtype_of, error_names_op, first_line, fmt_shape, gen, gen_all,
                        redop, reduce_ref, shapes_for, tolerance)
 
+# Every transport keeps these promises: they also run over OFI (conftest.py).
+TRANSPORT_CONTRACT = True
+
 ws_param = pytest.mark.parametrize("world_size", WORLD_SIZES, ids=lambda w: f"ws{w}")
 CHUNK_ENV = {"TORUS_CHUNK_BYTES": "4096"}
 

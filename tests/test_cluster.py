@@ -3,7 +3,8 @@ a network namespace per host, veths on a bridge, links shaped to 1 Gbit/s with t
 TORUS_TRANSPORT=auto picks TCP between hosts and the torus grid has one row per host.
 
 * allreduce with ring and torus, each rank's result against the one-process reference, started
-  by torchrun on each host (tests/cluster_case.py);
+  by torchrun on each host (tests/cluster_case.py), between hosts over TCP, over OFI (libfabric's
+  tcp provider) and over OFI alone;
 * the bench, briefly, with --check, started as srun would start it (the emulator's stand-in for
   srun sets SLURM_* and no MASTER_ADDR: torch_torus.launch derives them);
 * the emulator leaves nothing behind, also when it is stopped by SIGTERM.
@@ -75,10 +76,27 @@ def run_cluster(args: list[str], tmp_path: Path, limit: float = RUN_LIMIT) -> tu
     return proc.returncode, output, results
 
 
-def test_allreduce_ring_and_torus_across_hosts(cluster_available, tmp_path):
+def _ofi_built() -> bool:
+    import torch_torus
+
+    return torch_torus._C.built_with_ofi
+
+
+# TORUS_TRANSPORT, what the group says it runs over, and how it describes the network between hosts.
+TRANSPORTS = [
+    ("auto", "shm+tcp", "shared memory inside each host, tcp between hosts (10.213.0.1)"),
+    ("shm+ofi", "shm+ofi", "shared memory inside each host, ofi: tcp;ofi_rxm on eth0"),
+    ("ofi", "ofi", "over ofi: tcp;ofi_rxm on eth0"),
+]
+
+
+@pytest.mark.parametrize("setting, transport, described", TRANSPORTS, ids=[t[0] for t in TRANSPORTS])
+def test_allreduce_ring_and_torus_across_hosts(cluster_available, tmp_path, setting, transport, described):
+    if "ofi" in setting and not _ofi_built():
+        pytest.skip("torch_torus was built without libfabric: the ofi transport is not tested")
     status, output, results = run_cluster(
-        ["--hosts", "2", "--nproc-per-host", "2", "--link", "1gbit",
-         "--env", "TORUS_LOG_LEVEL=info", "--", str(CASE)], tmp_path)
+        ["--hosts", "2", "--nproc-per-host", "2", "--link", "1gbit", "--env", f"TORUS_TRANSPORT={setting}",
+         "--env", "TORUS_OFI_PROVIDER=tcp", "--env", "TORUS_LOG_LEVEL=info", "--", str(CASE)], tmp_path)
     assert status == 0, output
     lines = re.findall(r"^CLUSTER-CASE rank (\d+) (.*)$", output, re.MULTILINE)
     assert sorted(int(rank) for rank, _ in lines) == [0, 1, 2, 3], output
@@ -87,9 +105,9 @@ def test_allreduce_ring_and_torus_across_hosts(cluster_available, tmp_path):
         # Two hosts by name and network namespace; torus ran as torus (2x2, one row per host).
         assert "ring:ring torus:torus hosts=2" in verdict, verdict
     log = (results / "node0.stderr").read_text()
-    assert "4 ranks on 2 host(s) over shm+tcp, torus grid 2x2 (one row per host)" in log, log
-    # Shared memory inside each host; rank 0's address routes to MASTER_ADDR.
-    assert "shared memory inside each host, tcp between hosts (10.213.0.1)" in log, log
+    assert f"4 ranks on 2 host(s) over {transport}, torus grid 2x2 (one row per host)" in log, log
+    # Shared memory inside each host (but for ofi alone); rank 0's address routes to MASTER_ADDR.
+    assert described in log, log
 
 
 def test_bench_across_hosts_under_srun(cluster_available, tmp_path):

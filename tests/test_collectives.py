@@ -16,6 +16,9 @@ import harness
 from reference import (DTYPE_NAMES, WORLD_SIZES, allreduce_contract, check_reduction, compare,
                        dtype_of, error_names_op, first_line, fmt_shape, gen, gen_all, redop)
 
+# Every transport keeps these promises: they also run over OFI (conftest.py).
+TRANSPORT_CONTRACT = True
+
 ws_param = pytest.mark.parametrize("world_size", WORLD_SIZES, ids=lambda w: f"ws{w}")
 ws_p2p = pytest.mark.parametrize("world_size", [2, 3, 4, 8], ids=lambda w: f"ws{w}")
 dtype_param = pytest.mark.parametrize("dtype", DTYPE_NAMES)

@@ -8,6 +8,9 @@ import pytest
 
 import harness
 
+# Every transport keeps these promises: they also run over OFI (conftest.py).
+TRANSPORT_CONTRACT = True
+
 MiB = 1 << 20
 # The bound: what a rank may hold that it has not asked for, per peer.
 HELD_LIMIT = 96 * MiB

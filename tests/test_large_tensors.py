@@ -21,6 +21,9 @@ import torch.distributed as dist
 import expectations
 import harness
 
+# Every transport keeps these promises: they also run over OFI (conftest.py).
+TRANSPORT_CONTRACT = True
+
 WORLD_SIZE = 2
 COUNT = 2**31 + 3
 # The largest prime below 2**16: no chunk size the algorithms use (powers of two and their

@@ -34,6 +34,9 @@ import expectations
 import harness
 from reference import TORCH_ERROR_WORDS
 
+# Every transport keeps these promises: they also run over OFI (conftest.py).
+TRANSPORT_CONTRACT = True
+
 WORLD_SIZE = 3
 ABSENT = WORLD_SIZE - 1  # the rank that stops calling collectives
 TIMEOUT_S = 2.0  # the groups' timeout

@@ -77,7 +77,7 @@ GroupTransport buildTransport(const c10::intrusive_ptr<c10d::Store>& store, int 
       std::string networkDescription;
       if (config.transport == "shm+tcp") {
         network = std::make_unique<TcpTransport>(rank, size, rendezvous, tcp);
-        networkDescription = "tcp (" + config.address + ")";
+        networkDescription = "tcp between hosts (" + config.address + ")";
       } else {
         OfiOptions ofi;
         ofi.provider = config.ofiProvider;
@@ -87,6 +87,9 @@ GroupTransport buildTransport(const c10::intrusive_ptr<c10d::Store>& store, int 
         ofi.messages = messages;
         try {
           network = makeOfiTransport(rank, size, rendezvous, ofi, &networkDescription);
+          if (config.transport == "shm+ofi") {
+            networkDescription += " between hosts";
+          }
         } catch (const std::invalid_argument& e) {
           C10_THROW_ERROR(ValueError, e.what());
         } catch (const std::runtime_error& e) {
@@ -102,7 +105,7 @@ GroupTransport buildTransport(const c10::intrusive_ptr<c10d::Store>& store, int 
         group.transport = std::make_shared<HybridTransport>(
             std::move(network), std::make_unique<ShmTransport>(rank, size, *rendezvous, hostMembers, messages),
             group.sameHost);
-        group.description = "shared memory inside each host, " + networkDescription + " between hosts";
+        group.description = "shared memory inside each host, " + networkDescription;
       }
     }
   } catch (const CommError& e) {

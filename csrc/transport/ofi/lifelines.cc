@@ -267,7 +267,7 @@ void Lifelines::closeAll(std::chrono::milliseconds linger) {
   };
   for (Peer& p : peers_) {
     for (Line& line : p.lines) {
-      while (line.saidFarewell && unacknowledged(line.fd) && std::chrono::steady_clock::now() < until) {
+      while (line.saidFarewell && !p.ended && unacknowledged(line.fd) && std::chrono::steady_clock::now() < until) {
         char drain[256];
         while (::recv(line.fd, drain, sizeof(drain), MSG_DONTWAIT) > 0) {
         }

@@ -670,6 +670,7 @@ OfiTransport::~OfiTransport() {
   const Deadline until = Clock::now() + kFarewellLinger;
   for (bool drained = false; !drained && Clock::now() < until;) {
     pump();
+    checkLifelines(false); // a peer that is gone takes nothing more
     drained = true;
     for (Stream* stream : made_) {
       drained &= !stream->sending() || lifelines_.ended(stream->peer);
