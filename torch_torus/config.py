@@ -85,6 +85,15 @@ def _provider_name(text: str) -> str:
     return value
 
 
+def _rma_bytes(text: str) -> int:
+    """TORUS_OFI_RMA_BYTES: a size, or auto (-1: the provider's default)."""
+    return -1 if str(text).strip().lower() == "auto" else _byte_count(text)
+
+
+def _render_rma_bytes(value: int) -> str:
+    return "auto" if value < 0 else _render_size(value)
+
+
 def _interface_name(text: str) -> str:
     name = str(text).strip()
     names = [n for _, n in socket.if_nameindex()]
@@ -284,12 +293,14 @@ SETTINGS: tuple[Setting, ...] = (
     ),
     Setting(
         "TORUS_OFI_RMA_BYTES",
-        "256K",
-        _byte_count,
+        "auto",
+        _rma_bytes,
         "Over ofi, messages above this size go by RMA reads (the receiver reads the sender's "
-        "registered buffer, no copy on either side) where the provider offers them; smaller ones "
-        "and all on providers without RMA as tagged sends through bounce buffers.",
-        _render_size,
+        "registered buffer, no copy on either side) where the provider offers them; smaller ones, "
+        "and all on providers without RMA, stream through bounce buffers. auto: 256K, but never "
+        "on providers that carry RMA over their message sockets (tcp, udp, sockets, net), where "
+        "the stream measured faster.",
+        _render_rma_bytes,
     ),
     Setting(
         "TORUS_HOST_ID",

@@ -31,8 +31,9 @@ struct TorusConfig {
   std::string address = "127.0.0.1";
   // TORUS_OFI_PROVIDER: the libfabric provider of "ofi"; empty: libfabric's choice.
   std::string ofiProvider;
-  // TORUS_OFI_RMA_BYTES: messages above this go by RMA reads over "ofi".
-  uint64_t ofiRmaBytes = 256 * 1024;
+  // TORUS_OFI_RMA_BYTES: messages above this go by RMA reads over "ofi"; -1: the provider's
+  // default (OfiOptions::rmaAbove).
+  int64_t ofiRmaBytes = -1;
   int64_t chunkBytes = static_cast<int64_t>(Chunking().chunkBytes);
   // The message layer's flow control (MessageOptions).
   uint64_t eagerBytes = MessageOptions().eagerBytes;

@@ -83,7 +83,9 @@ GroupTransport buildTransport(const c10::intrusive_ptr<c10d::Store>& store, int 
         ofi.provider = config.ofiProvider;
         ofi.address = config.address;
         ofi.timeout = timeout;
-        ofi.rmaAbove = config.ofiRmaBytes;
+        if (config.ofiRmaBytes >= 0) {
+          ofi.rmaAbove = static_cast<size_t>(config.ofiRmaBytes);
+        }
         ofi.messages = messages;
         try {
           network = makeOfiTransport(rank, size, rendezvous, ofi, &networkDescription);

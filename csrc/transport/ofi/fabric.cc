@@ -3,6 +3,9 @@
 #include <rdma/fi_cm.h>
 #include <rdma/fi_endpoint.h>
 
+#include <unistd.h>
+
+#include <atomic>
 #include <cstring>
 #include <stdexcept>
 
@@ -64,6 +67,19 @@ Fabric::Fabric(const std::string& provider, const std::string& address) {
       rma_ = withRma;
       break;
     }
+  }
+  if (info_ != nullptr && info_->addr_format == FI_ADDR_STR) {
+    // Shared memory (shm) names its endpoint after the node given, or one name per process:
+    // each group's endpoint needs its own, or the second fails to open (EBUSY).
+    static std::atomic<int> endpoints{0};
+    const std::string name = "torus_" + std::to_string(::getpid()) + "_" + std::to_string(endpoints++);
+    fi_info* hints = hintsFor(info_->fabric_attr->prov_name, rma_);
+    fi_info* named = nullptr;
+    if (fi_getinfo(FI_VERSION(1, 9), name.c_str(), nullptr, FI_SOURCE, hints, &named) == 0) {
+      fi_freeinfo(info_);
+      info_ = named;
+    }
+    fi_freeinfo(hints);
   }
   if (info_ == nullptr) {
     throw std::runtime_error(
@@ -138,6 +154,16 @@ size_t Fabric::injectBytes() const {
   return info_->tx_attr->inject_size;
 }
 
+bool Fabric::rmaOverSockets() const {
+  const std::string name = providerName();
+  for (const char* socketBased : {"tcp", "udp", "sockets", "net"}) {
+    if (name == socketBased || name.rfind(std::string(socketBased) + ";", 0) == 0) {
+      return true;
+    }
+  }
+  return false;
+}
+
 bool Fabric::registersLocal() const {
   return (info_->domain_attr->mr_mode & FI_MR_LOCAL) != 0;
 }
@@ -153,8 +179,7 @@ std::string Fabric::describe() const {
     }
   }
   return std::string(providerName()) + " on " + info_->domain_attr->name + " (tagged" +
-         (rma_ ? ", RMA reads" : ", no RMA: large messages as tagged sends") +
-         ", memory registration: " + (registration.empty() ? "none needed" : registration) + ", inject " +
+         (rma_ ? ", RMA" : ", no RMA") + ", memory registration: " + (registration.empty() ? "none needed" : registration) + ", inject " +
          std::to_string(injectBytes()) + " B" + (waitFd_ < 0 ? ", polled" : "") + ")";
 }
 

@@ -57,6 +57,9 @@ class Fabric {
   bool offersRma() const {
     return rma_;
   }
+  // The provider carries RMA over the sockets its messages use (tcp, udp, sockets, net): no
+  // hardware reads the memory.
+  bool rmaOverSockets() const;
   size_t injectBytes() const;
   // The provider needs local buffers registered (FI_MR_LOCAL).
   bool registersLocal() const;

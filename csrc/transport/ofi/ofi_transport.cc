@@ -19,10 +19,12 @@ namespace torus {
 
 namespace {
 
-// A stream's chunk and receive slot. Large enough that a copy of each costs little next to the
-// send; kSlots of them per peer each way bound what waits for a rank that does not read.
-constexpr size_t kChunkBytes = 128 * 1024;
-constexpr int kSlots = 8;
+// A stream's chunk and receive slot: the eager size of libfabric's rxm layer (16 KiB), so that no
+// chunk waits for its rendezvous (128 KiB chunks streamed at 0.074 GB/s where 16 KiB ones reach
+// the 1 Gbit/s link, 0.111; BENCHMARKS.md). kSlots of them per peer each way bound what waits
+// for a rank that does not read, and keep 512 KiB in flight.
+constexpr size_t kChunkBytes = 16 * 1024;
+constexpr int kSlots = 32;
 // Credits go back once this many slots are free again: often enough that a sender never waits
 // while the receiver reads, rarely enough that small messages are not answered one by one.
 constexpr int kCreditBatch = kSlots / 2;
@@ -45,6 +47,8 @@ constexpr auto kStreamEndGrace = std::chrono::seconds(2);
 // After an operation with a peer failed, or its lifeline closed without a farewell, the lifeline
 // or the stream may still say why for this long.
 constexpr auto kFarewellGrace = std::chrono::milliseconds(500);
+// Messages above this go by RMA reads by default, where the provider reads in hardware.
+constexpr size_t kDefaultRmaAbove = 256 * 1024;
 // Looking up an address not yet published backs off from 1 ms to this.
 constexpr auto kMaxBackoff = std::chrono::milliseconds(100);
 
@@ -97,7 +101,9 @@ class OfiTransport : public MessageTransport {
   ~OfiTransport() override;
 
   std::string description() const {
-    return fabric_.describe();
+    return fabric_.describe() + (fabric_.offersRma() && rmaAbove_ != SIZE_MAX
+                                     ? ", RMA reads above " + std::to_string(rmaAbove_) + " B"
+                                     : ", no RMA reads");
   }
 
   struct Stream;
@@ -622,7 +628,8 @@ OfiTransport::OfiTransport(int rank, int size, std::shared_ptr<Rendezvous> rende
     : MessageTransport(rank, size, options.messages),
       fabric_(options.provider, options.address),
       lifelines_(options.address, rank, size),
-      rmaAbove_(options.rmaAbove),
+      rmaAbove_(options.rmaAbove ? *options.rmaAbove
+                                 : fabric_.rmaOverSockets() ? SIZE_MAX : kDefaultRmaAbove),
       timeout_(options.timeout),
       published_(static_cast<size_t>(size)),
       streams_(static_cast<size_t>(size)),

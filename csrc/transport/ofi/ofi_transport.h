@@ -15,7 +15,9 @@
 // Large messages: where the provider offers RMA reads, a message above rmaAbove is lent (its
 // buffer registered, FI_REMOTE_READ) and announced with its address and key; the receiver reads
 // it with fi_read straight into the receive's buffer and answers done, which ends the loan. No
-// copy on either side. Elsewhere it goes as a stream of chunks once the receive is posted.
+// copy on either side. Elsewhere it goes as a stream of chunks once the receive is posted. The
+// read is synchronous (the layer's readPeerMemory), so it pays where hardware reads the memory;
+// providers that carry RMA over their sockets stream instead by default.
 //
 // Setup: each rank publishes "ofi/<rank>" (its lifeline's address and its endpoint's name). The
 // first send to or receive from a peer looks it up, inserts it in the address vector, posts the
@@ -35,6 +37,7 @@
 
 #include <chrono>
 #include <memory>
+#include <optional>
 #include <string>
 
 #include "transport/message_transport.h"
@@ -50,8 +53,10 @@ struct OfiOptions {
   std::string address = "127.0.0.1";
   // Bounds looking up and reaching each peer, from the first request that needs it.
   std::chrono::milliseconds timeout{std::chrono::minutes(30)};
-  // Messages above this go by RMA reads where the provider offers them.
-  size_t rmaAbove = 256 * 1024;
+  // Messages above this go by RMA reads where the provider offers them; unset: 256 KiB, but
+  // never on providers that carry RMA over the same sockets as messages (tcp, udp, sockets,
+  // net), where reads measured slower than the stream (BENCHMARKS.md, issue 31).
+  std::optional<size_t> rmaAbove;
   MessageOptions messages;
 };
 
