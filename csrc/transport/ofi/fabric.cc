@@ -154,6 +154,10 @@ size_t Fabric::injectBytes() const {
   return info_->tx_attr->inject_size;
 }
 
+size_t Fabric::maxMessageBytes() const {
+  return info_->ep_attr->max_msg_size;
+}
+
 bool Fabric::rmaOverSockets() const {
   const std::string name = providerName();
   for (const char* socketBased : {"tcp", "udp", "sockets", "net"}) {

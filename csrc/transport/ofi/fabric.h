@@ -61,6 +61,7 @@ class Fabric {
   // hardware reads the memory.
   bool rmaOverSockets() const;
   size_t injectBytes() const;
+  size_t maxMessageBytes() const;
   // The provider needs local buffers registered (FI_MR_LOCAL).
   bool registersLocal() const;
 

@@ -635,6 +635,11 @@ OfiTransport::OfiTransport(int rank, int size, std::shared_ptr<Rendezvous> rende
       streams_(static_cast<size_t>(size)),
       hellos_(kHelloSlots),
       helloPosts_(kHelloSlots) {
+  if (fabric_.maxMessageBytes() < kChunkBytes) {
+    throw std::runtime_error("torus: libfabric provider " + std::string(fabric_.providerName()) + " sends at most " +
+                             std::to_string(fabric_.maxMessageBytes()) + " bytes per message, less than the " +
+                             std::to_string(kChunkBytes) + " of the OFI transport's chunks (TORUS_OFI_PROVIDER)");
+  }
   wakeFd_ = ::eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
   if (wakeFd_ < 0) {
     throw std::runtime_error(std::string("torus: eventfd: ") + std::strerror(errno));
