@@ -79,7 +79,7 @@ def build_cuda():
 
 
 def find_libfabric():
-    """(include dirs, library dirs, libraries) of libfabric, or the reason it is not used."""
+    """(include dirs, library dirs) of libfabric, or the reason it is not used."""
     choice = os.environ.get("TORUS_BUILD_OFI", "auto")
     if choice not in ("auto", "0", "1"):
         raise SystemExit(f"TORUS_BUILD_OFI={choice!r}: expected auto, 0 or 1")
@@ -92,13 +92,13 @@ def find_libfabric():
         if not os.path.exists(header):
             raise SystemExit(f"TORUS_OFI_HOME={home!r}: no {header}")
         lib = next((d for d in ("lib64", "lib") if glob.glob(os.path.join(home, d, "libfabric.so*"))), "lib")
-        found = ([os.path.join(home, "include")], [os.path.join(home, lib)], ["fabric"])
+        found = ([os.path.join(home, "include")], [os.path.join(home, lib)])
     elif shutil.which("pkg-config"):
-        result = subprocess.run(["pkg-config", "--cflags-only-I", "--libs", "libfabric"], capture_output=True, text=True)
+        result = subprocess.run(["pkg-config", "--cflags-only-I", "--libs-only-L", "libfabric"], capture_output=True,
+                                text=True)
         if result.returncode == 0:
             flags = result.stdout.split()
-            found = ([f[2:] for f in flags if f.startswith("-I")], [f[2:] for f in flags if f.startswith("-L")],
-                     [f[2:] for f in flags if f.startswith("-l")])
+            found = ([f[2:] for f in flags if f.startswith("-I")], [f[2:] for f in flags if f.startswith("-L")])
     if found is None:
         reason = "libfabric not found (pkg-config libfabric, or TORUS_OFI_HOME)"
         if choice == "1":
@@ -115,7 +115,6 @@ ofi_absent = sources_matching("csrc/transport/ofi_unavailable.cc")
 cpp_sources = [path for path in sources_matching("csrc/*.cpp", "csrc/**/*.cc")
                if path not in cuda_sources + ofi_sources + ofi_absent]
 include_dirs = [os.path.join(ROOT, "csrc")]
-library_dirs, libraries = [], []
 libfabric = find_libfabric()
 if isinstance(libfabric, str):
     print(f"torch-torus: building without the OFI transport: {libfabric}")
@@ -124,17 +123,14 @@ else:
     print(f"torch-torus: building with the OFI transport (libfabric: {' '.join(libfabric[1]) or 'system'})")
     cpp_sources += ofi_sources
     include_dirs += libfabric[0]
-    library_dirs += libfabric[1]
-    libraries += libfabric[2]
-    # The library's directory, so that the module finds it at run time without LD_LIBRARY_PATH.
+    # Not linked: the transport loads libfabric when first used (csrc/transport/ofi/fabric.cc
+    # says why); the library's directory is the module's RUNPATH, where that load looks first.
     LINK_FLAGS = LINK_FLAGS + [f"-Wl,-rpath,{d}" for d in libfabric[1]]
 if build_cuda():
     extension = CUDAExtension(
         name="torch_torus._C",
         sources=cpp_sources + cuda_sources,
         include_dirs=include_dirs,
-        library_dirs=library_dirs,
-        libraries=libraries,
         define_macros=[("TORUS_WITH_CUDA", "1")],
         # No --use_fast_math: AVG divides exactly, as the CPU path does.
         extra_compile_args={"cxx": CXX_FLAGS, "nvcc": ["-O3"]},
@@ -145,8 +141,6 @@ else:
         name="torch_torus._C",
         sources=cpp_sources,
         include_dirs=include_dirs,
-        library_dirs=library_dirs,
-        libraries=libraries,
         extra_compile_args=CXX_FLAGS,
         extra_link_args=LINK_FLAGS,
     )

@@ -3,6 +3,7 @@
 #include <rdma/fi_cm.h>
 #include <rdma/fi_endpoint.h>
 
+#include <dlfcn.h>
 #include <unistd.h>
 
 #include <atomic>
@@ -13,10 +14,45 @@ namespace torus::ofi {
 
 namespace {
 
+// libfabric's few exported functions (everything else is inline through an object's ops),
+// loaded when the first Fabric opens rather than linked: a process that imports torch_torus and
+// then MPICH's wheel (mpi4py) would otherwise hold the system's libfabric.so.1 under the soname
+// of MPICH's own, newer one, and MPICH fails to load (measured: "version FABRIC_1.9 not found").
+struct Library {
+  decltype(&fi_getinfo) getinfo = nullptr;
+  decltype(&fi_freeinfo) freeinfo = nullptr;
+  decltype(&fi_dupinfo) dupinfo = nullptr;
+  decltype(&fi_fabric) fabric = nullptr;
+  decltype(&fi_strerror) strerror = nullptr;
+};
+
+const Library& library() {
+  static const Library loaded = [] {
+    // The build's libfabric first (RUNPATH of this module), else the loader's search path.
+    void* handle = ::dlopen("libfabric.so.1", RTLD_NOW | RTLD_LOCAL);
+    if (handle == nullptr) {
+      throw std::runtime_error(std::string("torus: the OFI transport cannot load libfabric (") + ::dlerror() +
+                               "): install it (Debian/Ubuntu: apt install libfabric1) or put it on LD_LIBRARY_PATH");
+    }
+    Library library;
+    library.getinfo = reinterpret_cast<decltype(&fi_getinfo)>(::dlsym(handle, "fi_getinfo"));
+    library.freeinfo = reinterpret_cast<decltype(&fi_freeinfo)>(::dlsym(handle, "fi_freeinfo"));
+    library.dupinfo = reinterpret_cast<decltype(&fi_dupinfo)>(::dlsym(handle, "fi_dupinfo"));
+    library.fabric = reinterpret_cast<decltype(&fi_fabric)>(::dlsym(handle, "fi_fabric"));
+    library.strerror = reinterpret_cast<decltype(&fi_strerror)>(::dlsym(handle, "fi_strerror"));
+    if (!library.getinfo || !library.freeinfo || !library.dupinfo || !library.fabric || !library.strerror) {
+      throw std::runtime_error("torus: the libfabric.so.1 found lacks fi_getinfo, fi_freeinfo, fi_dupinfo, "
+                               "fi_fabric or fi_strerror");
+    }
+    return library;
+  }();
+  return loaded;
+}
+
 // What the transport asks of a provider: tagged messages between reliable-datagram endpoints,
 // kept in order between two endpoints (the streams rely on it), and RMA reads when it has them.
 fi_info* hintsFor(const std::string& provider, bool withRma) {
-  fi_info* hints = fi_allocinfo();
+  fi_info* hints = library().dupinfo(nullptr);
   hints->ep_attr->type = FI_EP_RDM;
   hints->caps = FI_TAGGED | (withRma ? FI_RMA | FI_READ | FI_REMOTE_READ : 0);
   hints->mode = FI_CONTEXT | FI_CONTEXT2;
@@ -35,10 +71,10 @@ fi_info* hintsFor(const std::string& provider, bool withRma) {
 // socket-based ones do; shared memory has no address to bind).
 fi_info* firstOffered(fi_info* hints, const std::string& address) {
   fi_info* found = nullptr;
-  if (!address.empty() && fi_getinfo(FI_VERSION(1, 9), address.c_str(), nullptr, FI_SOURCE, hints, &found) == 0) {
+  if (!address.empty() && library().getinfo(FI_VERSION(1, 9), address.c_str(), nullptr, FI_SOURCE, hints, &found) == 0) {
     return found;
   }
-  if (fi_getinfo(FI_VERSION(1, 9), nullptr, nullptr, 0, hints, &found) == 0) {
+  if (library().getinfo(FI_VERSION(1, 9), nullptr, nullptr, 0, hints, &found) == 0) {
     return found;
   }
   return nullptr;
@@ -46,7 +82,7 @@ fi_info* firstOffered(fi_info* hints, const std::string& address) {
 
 void check(int result, const char* what) {
   if (result != 0) {
-    throw std::runtime_error(std::string("torus: libfabric ") + what + " failed: " + fi_strerror(-result));
+    throw std::runtime_error(std::string("torus: libfabric ") + what + " failed: " + errorText(-result));
   }
 }
 
@@ -62,7 +98,7 @@ Fabric::Fabric(const std::string& provider, const std::string& address) {
   for (bool withRma : {true, false}) {
     fi_info* hints = hintsFor(provider, withRma);
     info_ = firstOffered(hints, address);
-    fi_freeinfo(hints);
+    library().freeinfo(hints);
     if (info_ != nullptr) {
       rma_ = withRma;
       break;
@@ -75,11 +111,11 @@ Fabric::Fabric(const std::string& provider, const std::string& address) {
     const std::string name = "torus_" + std::to_string(::getpid()) + "_" + std::to_string(endpoints++);
     fi_info* hints = hintsFor(info_->fabric_attr->prov_name, rma_);
     fi_info* named = nullptr;
-    if (fi_getinfo(FI_VERSION(1, 9), name.c_str(), nullptr, FI_SOURCE, hints, &named) == 0) {
-      fi_freeinfo(info_);
+    if (library().getinfo(FI_VERSION(1, 9), name.c_str(), nullptr, FI_SOURCE, hints, &named) == 0) {
+      library().freeinfo(info_);
       info_ = named;
     }
-    fi_freeinfo(hints);
+    library().freeinfo(hints);
   }
   if (info_ == nullptr) {
     throw std::runtime_error(
@@ -88,7 +124,7 @@ Fabric::Fabric(const std::string& provider, const std::string& address) {
         "; `fi_info -t FI_EP_RDM -c FI_TAGGED` lists those that have them, e.g. tcp)");
   }
   try {
-    check(fi_fabric(info_->fabric_attr, &fabric_, nullptr), "fi_fabric");
+    check(library().fabric(info_->fabric_attr, &fabric_, nullptr), "fi_fabric");
     check(fi_domain(fabric_, info_, &domain_, nullptr), "fi_domain");
     fi_cq_attr cqAttr{};
     cqAttr.format = FI_CQ_FORMAT_TAGGED;
@@ -128,7 +164,7 @@ void Fabric::close() {
   closeFid(domain_ ? &domain_->fid : nullptr);
   closeFid(fabric_ ? &fabric_->fid : nullptr);
   if (info_ != nullptr) {
-    fi_freeinfo(info_);
+    library().freeinfo(info_);
   }
   ep_ = nullptr;
   av_ = nullptr;
@@ -201,7 +237,7 @@ bool Fabric::registerMemory(const void* buf, size_t n, uint64_t access, Region* 
   }
   if (result != 0) {
     region->mr = nullptr;
-    *why = std::string("libfabric cannot register ") + std::to_string(n) + " bytes: " + fi_strerror(-result);
+    *why = std::string("libfabric cannot register ") + std::to_string(n) + " bytes: " + errorText(-result);
     return false;
   }
   region->desc = fi_mr_desc(region->mr);
@@ -221,6 +257,10 @@ void Fabric::deregister(Region& region) {
   region = Region{};
 }
 
+const char* errorText(int error) {
+  return library().strerror(error);
+}
+
 uint64_t Fabric::remoteAddress(uint64_t address) const {
   return (info_->domain_attr->mr_mode & FI_MR_VIRT_ADDR) ? address : 0;
 }
@@ -237,7 +277,7 @@ Posted* Fabric::readError(std::string* why) {
     return nullptr;
   }
   const char* detail = fi_cq_strerror(cq_, entry.prov_errno, entry.err_data, nullptr, 0);
-  *why = std::string(fi_strerror(entry.err)) + (detail && *detail ? std::string(" (") + detail + ")" : "");
+  *why = std::string(errorText(entry.err)) + (detail && *detail ? std::string(" (") + detail + ")" : "");
   return static_cast<Posted*>(entry.op_context);
 }
 

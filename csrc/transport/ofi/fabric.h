@@ -33,6 +33,9 @@ struct Region {
   uint64_t key = 0;
 };
 
+// libfabric's text for an error number (FI_E*, errno values).
+const char* errorText(int error);
+
 class Fabric {
  public:
   // Opens an endpoint of `provider` (libfabric's own choice, FI_PROVIDER honoured, when empty)

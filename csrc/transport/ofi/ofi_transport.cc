@@ -250,7 +250,7 @@ struct OfiTransport::Stream : Link {
 
   void broke(const std::string& what, ssize_t result) {
     if (error.empty()) {
-      error = "libfabric: " + what + " with " + rankName(peer) + " failed: " + fi_strerror(static_cast<int>(-result));
+      error = "libfabric: " + what + " with " + rankName(peer) + " failed: " + ofi::errorText(static_cast<int>(-result));
     }
   }
 
@@ -604,7 +604,7 @@ void OfiTransport::Stream::readPeerMemory(uint64_t remote, uint64_t key, char* d
   if (result != 0) {
     fabric.deregister(local);
     throw CommError(CommError::Kind::kPeer, "libfabric: reading " + std::to_string(n) + " bytes from " +
-                                                rankName(peer) + " failed: " + fi_strerror(static_cast<int>(-result)));
+                                                rankName(peer) + " failed: " + ofi::errorText(static_cast<int>(-result)));
   }
   // The peer serves the read when it makes progress, which it does while it waits for this
   // answer; this rank's other streams move meanwhile.
