@@ -1,6 +1,7 @@
 """Measure every applicable allreduce algorithm on the running job and write a tuning file.
 
     torchrun --nproc-per-node 4 -m torch_torus.tune -b 4K -e 16M -o torus_tuning.json
+    torchrun --nproc-per-node 4 -m torch_torus.tune --timing osu -o torus_tuning.json  # calls after a barrier
     TORUS_TUNING_FILE=torus_tuning.json torchrun --nproc-per-node 4 train.py
     python -m torch_torus.tune --print torus_tuning.json     # as TORUS_ALLREDUCE range strings
 
@@ -14,7 +15,10 @@ in turn, for several rounds in a new order each, so that drift of the machine hi
 algorithm's time at a size is the best round's (interference from other work only ever adds
 time), each round the mean of its calls on the slowest rank: --iters calls in the first round,
 and after it as many as last --min-round-ms, so that small sizes, where one call is a few
-scheduling delays, average over more. Rank 0 shows a progress bar on a terminal.
+scheduling delays, average over more. With --timing osu each call is timed alone after a barrier,
+as OSU's osu_allreduce does and as a training step's ranks arrive from compute, and an
+algorithm's time is the median over its calls of all rounds of the slowest rank's time; the file's
+entry records which timing it was tuned on. Rank 0 shows a progress bar on a terminal.
 
 The file keeps one entry per job layout (world size, torus grid, ranks per host, transport); tuning a
 layout again replaces its entry and keeps the others. Runs under torchrun or any launcher that
@@ -34,7 +38,7 @@ from tqdm import tqdm
 
 from . import tuning
 from .bench.sizes import human_size, parse_size, size_steps
-from .bench.timing import RoundPlan, best_round_seconds
+from .bench.timing import TIMINGS, RoundPlan, time_contenders
 from .config import Options, resolve
 from .selection import allreduce_candidates
 from .topology import choose_grid, choose_transport, host_identity
@@ -56,7 +60,12 @@ def build_parser() -> argparse.ArgumentParser:
                         help="after the first round, more calls per round where --iters would take "
                              "less than this (small sizes), up to 100x --iters (default: %(default)s)")
     parser.add_argument("-r", "--rounds", type=int, default=2,
-                        help="rounds per size and algorithm; the best counts (default: %(default)s)")
+                        help="rounds per size and algorithm; the best counts, with --timing osu the "
+                             "median of all rounds' calls (default: %(default)s)")
+    parser.add_argument("--timing", choices=list(TIMINGS), default="loop",
+                        help="loop: calls back to back, the mean per call on the slowest rank; osu: a "
+                             "barrier before each call, timed alone, the median call on the slowest "
+                             "rank, as OSU's osu_allreduce (default: %(default)s)")
     parser.add_argument("-o", "--output", default=None,
                         help="tuning file to write (default: $TORUS_TUNING_FILE, else torus_tuning.json)")
     parser.add_argument("--print", dest="print_file", metavar="FILE",
@@ -66,7 +75,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def print_file(path: str) -> None:
     for entry in tuning.read(path):
-        print(f"# {entry.layout}")
+        print(f"# {entry.layout}; timing {entry.timing}")
         print(f'TORUS_ALLREDUCE="{entry.range_string}"')
 
 
@@ -101,7 +110,8 @@ def main(argv: list[str] | None = None) -> None:
     if rank == 0:
         print(f"# torch_torus.tune: {layout}; algorithms {', '.join(algorithms)}; sizes "
               f"{human_size(sizes[0])}-{human_size(sizes[-1])} x{args.factor}; {args.rounds} rounds of "
-              f"{args.iters} calls after {args.warmup} warmup", flush=True)
+              f"{args.iters} calls after {args.warmup} warmup; timing {args.timing}: {TIMINGS[args.timing]}",
+              flush=True)
 
     elements = {size: max(1, size // 4) for size in sizes}
     runs = {size: [a for a in algorithms if torch_torus.algorithm_for("allreduce", 4 * elements[size], groups[a]) == a]
@@ -120,20 +130,21 @@ def main(argv: list[str] | None = None) -> None:
             progress.set_description(f"{human_size(size)} {measured[index]}", refresh=False)
             progress.update()
 
-        best = best_round_seconds(calls, plan, bootstrap, timed=timed)
+        seconds = [m.seconds for m in time_contenders(calls, plan, bootstrap, timed=timed)]
         for algorithm in algorithms:
-            time_us[algorithm].append(best[measured.index(algorithm)] * 1e6 if algorithm in measured else None)
+            time_us[algorithm].append(seconds[measured.index(algorithm)] * 1e6 if algorithm in measured else None)
     progress.close()
 
     if rank == 0:
         about = {"created": datetime.datetime.now().astimezone().isoformat(timespec="seconds"),
                  "torch": torch.__version__, "torus_inner": values["torus_inner"],
                  "chunk_bytes": values["chunk_bytes"], "iters": args.iters, "rounds": args.rounds,
-                 "min_round_ms": args.min_round_ms}
+                 "min_round_ms": args.min_round_ms, "timing": args.timing}
         entry = tuning.make_entry(layout, sizes, time_us, about)
         tuning.write(output, entry)
+        time_is = "median call of the slowest rank" if args.timing == "osu" else "best round"
         print(f"# {'size':>10} " + " ".join(f"{a:>18}" for a in algorithms) + "   fastest"
-              + "   (us, best round; -: the algorithm's group runs another at that size)")
+              + f"   (us, {time_is}; -: the algorithm's group runs another at that size)")
         for i, size in enumerate(sizes):
             cells = (f"{time_us[a][i]:>18.1f}" if time_us[a][i] is not None else f"{'-':>18}" for a in algorithms)
             print(f"  {size:>10} " + " ".join(cells) + f"   {min(runs[size], key=lambda a: time_us[a][i])}")

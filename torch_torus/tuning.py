@@ -8,7 +8,8 @@ the cost model. User rules (TORUS_ALLREDUCE) still win over both.
     {"format": "torch_torus tuning", "version": 2,
      "entries": [{"world_size": 4, "grid": [2, 2], "ranks_per_host": [4], "transport": "shm",
                   "allreduce": "recursive_doubling:0-262143;ring:262144-max",
-                  "measured": {"sizes": [...], "time_us": {"ring": [...], ...}}, ...}]}
+                  "measured": {"sizes": [...], "time_us": {"ring": [...], ...}},
+                  "timing": "loop", ...}]}
 
 A time of null: the algorithm does not run at that size (one_shot's group runs two_shot above
 its shared-memory slot), so it was not measured there and cannot be chosen there.
@@ -16,7 +17,9 @@ its shared-memory slot), so it was not measured there and cannot be chosen there
 The version changes whenever the meaning of a field changes; a file of another version is
 refused rather than guessed at, since a misread table silently slows every step of training.
 Version 2 added the transport: the same 4 ranks rank the algorithms differently over shared
-memory and over TCP.
+memory and over TCP. "timing" says how the tuner timed the calls (its --timing: "loop", back to
+back, or "osu", each after a barrier); it came later within version 2, without changing what the
+table means, and an entry without it was timed with loop.
 """
 
 from __future__ import annotations
@@ -67,6 +70,11 @@ class Entry:
     layout: Layout
     allreduce: tuple[Rule, ...]
     record: dict  # the entry as stored, measurements included
+
+    @property
+    def timing(self) -> str:
+        """The tuner's --timing for the measurements; entries from before it had one were timed with loop."""
+        return self.record.get("timing", "loop")
 
     @property
     def range_string(self) -> str:

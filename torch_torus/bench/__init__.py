@@ -19,7 +19,10 @@ Columns follow nccl-tests (all_reduce_perf and friends):
          for reduce_scatter and alltoall the whole input)
   count  the element count the collective is called with: the whole tensor for allreduce and
          broadcast, one rank's share for allgather, reduce_scatter and alltoall
-  time   mean time of one call over --iters calls, the slowest rank's
+  time   mean time of one call over --iters calls, the slowest rank's; with --timing osu, each
+         call timed alone after a barrier (OSU's osu_allreduce), the median over calls of the
+         slowest rank's time, beside OSU's latency columns (avg lat, min lat, max lat: each
+         rank's mean per call, averaged, least and most over ranks)
   algbw  size / time;  busbw = algbw x the collective's bus factor: 2(n-1)/n for allreduce,
          (n-1)/n for allgather, reduce_scatter and alltoall, 1 for broadcast
   #wrong elements that differ from the expected result, summed over ranks (--check)
@@ -33,7 +36,7 @@ path to this folder (`python path/to/torch_torus/bench`).
 
 The modules, in the order a run uses them: contenders (who is measured: the --backends grammar,
 the backends' import, the mpi contender), collectives (the calls, their buffers and expected
-results), timing (rounds, shared with torch_torus.tune; the GPU's copy bandwidth), measure (one
-size: every contender timed and checked), report (table, summary, JSON, plot), sizes (4K, 64M),
-cli (the command line).
+results), timing (rounds and --timing, shared with torch_torus.tune; the GPU's copy bandwidth),
+measure (one size: every contender timed and checked), report (table, summary, JSON, plot),
+sizes (4K, 64M), cli (the command line).
 """

@@ -16,7 +16,7 @@ from .contenders import (MPI_CONTENDER, MPI_LAUNCH_EXAMPLE, MPI_REDUCE_OPS, impo
 from .measure import counts_to_measure, measure_size
 from .report import Table, header, summary, write_json, write_plot
 from .sizes import parse_size
-from .timing import DeviceCopy, device_copy_bandwidth
+from .timing import TIMINGS, DeviceCopy, device_copy_bandwidth
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -56,13 +56,19 @@ def build_parser() -> argparse.ArgumentParser:
                         help="untimed calls before them (default: %(default)s)")
     parser.add_argument("-R", "--rounds", type=int, default=1,
                         help="rounds per size: each round times every contender in turn, in a new "
-                             "order each round, and a contender's time is its best round's, so that "
-                             "drift of a shared machine hits every contender alike (default: "
-                             "%(default)s)")
+                             "order each round, and a contender's time is its best round's (--timing "
+                             "osu: the median of all rounds' calls), so that drift of a shared machine "
+                             "hits every contender alike (default: %(default)s)")
     parser.add_argument("--min-round-ms", type=float, default=0.0,
                         help="with --rounds > 1: after the first round, more calls per round where "
                              "--iters would take less than this (small sizes), up to 100x --iters, as "
                              "python -m torch_torus.tune does (default: %(default)s, off)")
+    parser.add_argument("--timing", choices=list(TIMINGS), default="loop",
+                        help="loop: the calls back to back, time = mean per call on the slowest "
+                             "rank (nccl-tests); osu: a barrier on the bootstrap group before each "
+                             "call, timed alone, time = the median call's on the slowest rank, with "
+                             "OSU's avg/min/max latency over ranks (osu_allreduce), as a training "
+                             "step's ranks arrive from compute (default: %(default)s)")
     parser.add_argument(
         "--backends", "--backend", dest="backends", action="append", metavar="SPEC",
         help="contenders to compare, separated by ',' or ';' or given by repeating the flag. "

@@ -13,7 +13,7 @@ import torch.distributed as dist
 from .collectives import DTYPES, Buffers, CheckPattern, Collective, count_wrong
 from .contenders import Contender
 from .sizes import size_steps
-from .timing import RoundPlan, best_round_seconds
+from .timing import Measured, RoundPlan, time_contenders
 
 
 @dataclasses.dataclass
@@ -30,6 +30,10 @@ class Row:
     algorithm: str | None
     # busbw / the GPU's device-to-device copy bandwidth (--device cuda), else None
     copy_share: float | None = None
+    # --timing osu: each rank's mean per call, averaged, least and most over ranks; else None
+    latency_avg_us: float | None = None
+    latency_min_us: float | None = None
+    latency_max_us: float | None = None
 
     def to_json(self) -> dict:
         row = {
@@ -46,6 +50,9 @@ class Row:
         }
         if self.copy_share is not None:
             row["busbw_share_of_device_copy"] = self.copy_share
+        if self.latency_avg_us is not None:
+            row.update(latency_avg_us=self.latency_avg_us, latency_min_us=self.latency_min_us,
+                       latency_max_us=self.latency_max_us)
         return row
 
 
@@ -68,8 +75,8 @@ def measure_size(count: int, collective: Collective, args: argparse.Namespace,
 
     calls = [contender.bind(collective, buffers, args.op) for contender in contenders]
     # Each contender starts from the same data: an in-place allreduce repeated grows its values.
-    seconds = best_round_seconds(calls, RoundPlan.of(args), bootstrap, synchronize=synchronize,
-                                 reset=lambda: collective.fill(buffers, pattern))
+    measured = time_contenders(calls, RoundPlan.of(args), bootstrap, synchronize=synchronize,
+                               reset=lambda: collective.fill(buffers, pattern))
     wrong: list[int | None] = [None] * len(calls)
     if args.check:
         wrong_tensor = torch.tensor([check_contender(collective, buffers, count, call, pattern, synchronize)
@@ -80,16 +87,24 @@ def measure_size(count: int, collective: Collective, args: argparse.Namespace,
     copy = getattr(args, "device_copy", None)  # a timing.DeviceCopy on CUDA
     rows = []
     for index, contender in enumerate(contenders):
-        time_s = seconds[index]
-        algbw = size_bytes / time_s / 1e9
+        algbw = size_bytes / measured[index].seconds / 1e9
         busbw = algbw * collective.bus_factor()
         rows.append(Row(
-            contender=contender, size_bytes=size_bytes, count=count, time_us=time_s * 1e6,
+            contender=contender, size_bytes=size_bytes, count=count, time_us=measured[index].seconds * 1e6,
             algbw=algbw, busbw=busbw,
             wrong=wrong[index],
             algorithm=contender.algorithm(collective.name, size_bytes),
-            copy_share=busbw / copy.gbps if copy is not None else None))
+            copy_share=busbw / copy.gbps if copy is not None else None,
+            **latency_fields(measured[index])))
     return rows
+
+
+def latency_fields(measured: Measured) -> dict[str, float]:
+    """A Row's latency_*_us from OSU's columns, none without them (--timing loop)."""
+    if measured.latency is None:
+        return {}
+    return {"latency_avg_us": measured.latency.avg * 1e6, "latency_min_us": measured.latency.min * 1e6,
+            "latency_max_us": measured.latency.max * 1e6}
 
 
 def counts_to_measure(collective: Collective, args: argparse.Namespace) -> list[int]:

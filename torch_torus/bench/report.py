@@ -14,7 +14,7 @@ from .collectives import Collective
 from .contenders import Contender
 from .measure import Row
 from .sizes import human_size
-from .timing import DeviceCopy
+from .timing import TIMINGS, DeviceCopy
 
 # --------------------------------------------------------------------------------------------
 # Report (rank 0)
@@ -24,17 +24,20 @@ class Table:
     """nccl-tests layout: common columns, then one group of columns per contender."""
 
     COMMON = "{:>12}  {:>12}  {:>8}  {:>6}  {:>5}"
-    GROUP = "  {:>10}  {:>7}  {:>7}  {:>6}"
+    TIME = "  {:>10}"
+    LATENCY = "  {:>9}  {:>9}  {:>9}"  # with --timing osu: OSU's Avg, Min and Max Latency
+    BANDWIDTH = "  {:>7}  {:>7}  {:>6}"  # algbw, busbw, #wrong
     COPY_SHARE = "  {:>6}"  # with --device cuda: busbw as a percentage of the GPU's copy bandwidth
     ALGORITHM = "  {:>18}"
 
     def __init__(self, collective: Collective, args: argparse.Namespace):
         self.collective, self.contenders, self.args = collective, args.contenders, args
         self.copy: DeviceCopy | None = getattr(args, "device_copy", None)
+        self.latency = args.timing == "osu"
 
     def group_format(self, contender: Contender) -> str:
-        return (self.GROUP + (self.COPY_SHARE if self.copy else "")
-                + (self.ALGORITHM if contender.algorithm_for else ""))
+        return (self.TIME + (self.LATENCY if self.latency else "") + self.BANDWIDTH
+                + (self.COPY_SHARE if self.copy else "") + (self.ALGORITHM if contender.algorithm_for else ""))
 
     def header_lines(self) -> list[str]:
         common_width = len(self.COMMON.format(*[""] * 5))
@@ -48,11 +51,12 @@ class Table:
             if len(title) > width - 2:
                 title = title[:width - 5] + "..."
             titles += "  " + title.ljust(width - 2)
+            latency = ("avg lat", "min lat", "max lat") if self.latency else ()
             share = ("%copy",) if self.copy else ()
             extra = ("algorithm",) if contender.algorithm_for else ()
-            names += group.format("time", "algbw", "busbw", "#wrong", *share, *extra)
-            units += group.format("(us)", "(GB/s)", "(GB/s)", "", *("(%)",) * len(share),
-                                  *("",) * len(extra))
+            names += group.format("time", *latency, "algbw", "busbw", "#wrong", *share, *extra)
+            units += group.format("(us)", *("(us)",) * len(latency), "(GB/s)", "(GB/s)", "",
+                                  *("(%)",) * len(share), *("",) * len(extra))
         return ["#" + line[1:].rstrip() for line in (titles, names, units)]
 
     def row_line(self, rows: list[Row]) -> str:
@@ -62,8 +66,10 @@ class Table:
             self.args.op if collective.has_op else "none",
             collective.root if collective.has_root else -1)
         for row in rows:
-            values = [f"{row.time_us:.1f}", f"{row.algbw:.3f}", f"{row.busbw:.3f}",
-                      "-" if row.wrong is None else str(row.wrong)]
+            values = [f"{row.time_us:.1f}"]
+            if self.latency:
+                values += [f"{row.latency_avg_us:.1f}", f"{row.latency_min_us:.1f}", f"{row.latency_max_us:.1f}"]
+            values += [f"{row.algbw:.3f}", f"{row.busbw:.3f}", "-" if row.wrong is None else str(row.wrong)]
             if self.copy:
                 values.append("-" if row.copy_share is None else f"{100 * row.copy_share:.2f}")
             if row.contender.algorithm_for:
@@ -80,19 +86,32 @@ def describe_hosts(hostnames: list[str]) -> str:
     return f"{len(hostnames)} ranks on {len(ranks_per_host)} host{plural}: {shown}{more}"
 
 
+def timing_lines(collective: Collective, args: argparse.Namespace) -> list[str]:
+    """How calls were timed (--timing, rounds) and what the time columns mean."""
+    osu = args.timing == "osu"
+    rounds = ""
+    if args.rounds > 1:
+        counted = "the median over all rounds' calls counts" if osu else "the best round counts"
+        rounds = f"; {args.rounds} rounds of every contender in turn, {counted}" + (
+            f"; after the first round, as many calls as last {args.min_round_ms:g} ms" if args.min_round_ms > 0 else "")
+    time = ("median over calls of the slowest rank's time of the call; avg/min/max lat = each rank's mean "
+            "per call, averaged/least/most over ranks (OSU's Avg/Min/Max Latency)"
+            if osu else "mean per call, slowest rank")
+    return [
+        f"# timing {args.timing}: {args.iters} timed calls after {args.warmup} warmup calls per size and contender, "
+        f"{TIMINGS[args.timing]}{rounds}",
+        f"# time = {time}; algbw = size / time; "
+        f"busbw = algbw * {collective.bus_factor_doc} (n = {collective.world_size}); #wrong = "
+        + ("elements that differ from the reference" if args.check else "- (results not checked: pass --check)"),
+    ]
+
+
 def header(collective: Collective, args: argparse.Namespace, hostnames: list[str]) -> list[str]:
     op = args.op if collective.has_op else "none"
     lines = [
         f"# torch_torus.bench: {collective.name}, {args.dtype}, redop {op}, device {args.device}",
         f"# {describe_hosts(hostnames)}",
-        f"# {args.iters} timed calls after {args.warmup} warmup calls per size and contender, each "
-        "call waited for before the next" + (
-            f"; {args.rounds} rounds of every contender in turn, the best round counts" if args.rounds > 1 else "") + (
-            f"; after the first round, as many calls as last {args.min_round_ms:g} ms"
-            if args.rounds > 1 and args.min_round_ms > 0 else ""),
-        f"# time = mean per call, slowest rank; algbw = size / time; "
-        f"busbw = algbw * {collective.bus_factor_doc} (n = {collective.world_size}); #wrong = "
-        + ("elements that differ from the reference" if args.check else "- (results not checked: pass --check)"),
+        *timing_lines(collective, args),
         f"# torch {torch.__version__}" + (
             f", torch_torus {sys.modules['torch_torus'].__version__}" if "torch_torus" in sys.modules else ""),
     ]
@@ -167,6 +186,7 @@ def write_json(path: str, collective: Collective, args: argparse.Namespace, host
         "warmup": args.warmup,
         "rounds": args.rounds,
         "min_round_ms": args.min_round_ms,
+        "timing": args.timing,
         "torch_version": torch.__version__,
         "contenders": [{"label": c.label, "backend": c.backend, "options": c.options,
                         "library": c.library} for c in args.contenders],

@@ -1,11 +1,20 @@
 """Timing in rounds, for the bench and the tuner alike.
 
 At one size every contender is timed in turn, for several rounds in a new order each, so that
-drift of a shared machine hits every contender alike. A round's time is the mean per call on the
-slowest rank, as in nccl-tests; a contender's time is its best round's, since other work on the
-machine only ever adds time. The first round makes --iters calls; with --min-round-ms the later
-rounds make as many as last that long, so that small sizes, where one call is a few scheduling
-delays, average over more calls.
+drift of a shared machine hits every contender alike. The first round makes --iters calls; with
+--min-round-ms the later rounds make as many as last that long, so that small sizes, where one
+call is a few scheduling delays, average over more calls. Calls are timed in one of two ways
+(--timing):
+
+loop  the calls back to back, each waited for before the next, as nccl-tests does. A round's time
+      is the mean per call on the slowest rank; a contender's time is its best round's, since
+      other work on the machine only ever adds time.
+osu   a barrier on the bootstrap group before each call, and the call timed alone, as OSU's
+      osu_allreduce does: the situation of a training step, whose ranks come to a collective from
+      compute and not from the previous collective, skewed by the barrier's exit. A call's time
+      is the slowest rank's; a contender's time is the median over its calls of every round (a
+      best round would keep the luckiest calls). OSU's latency columns come with it: each rank's
+      mean per call, averaged, least and most over ranks.
 """
 
 from __future__ import annotations
@@ -13,6 +22,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import random
+import statistics
 import time
 from typing import Callable, Sequence
 
@@ -23,6 +33,12 @@ import torch.distributed as dist
 # and to device memory (past any L2) and that launch overhead does not count.
 DEVICE_COPY_BYTES = 256 << 20
 
+# --timing's choices, as the bench's and the tuner's headers describe them.
+TIMINGS = {
+    "loop": "calls back to back, each waited for before the next (nccl-tests)",
+    "osu": "a barrier on the bootstrap group before each call, each call timed alone (OSU's osu_allreduce)",
+}
+
 
 @dataclasses.dataclass(frozen=True)
 class RoundPlan:
@@ -30,11 +46,29 @@ class RoundPlan:
     warmup: int  # untimed calls before each round's timed ones
     rounds: int
     min_round_ms: float  # after the first round, calls enough to last this long; 0: off
+    timing: str = "loop"  # one of TIMINGS
 
     @classmethod
     def of(cls, args) -> RoundPlan:
-        """The plan that a command line's --iters, --warmup, --rounds and --min-round-ms give."""
-        return cls(args.iters, args.warmup, args.rounds, args.min_round_ms)
+        """The plan that a command line's --iters, --warmup, --rounds, --min-round-ms and --timing give."""
+        return cls(args.iters, args.warmup, args.rounds, args.min_round_ms, args.timing)
+
+
+@dataclasses.dataclass(frozen=True)
+class RankLatency:
+    """OSU's latency columns: each rank's mean seconds per call, averaged, least and most over ranks."""
+
+    avg: float
+    min: float
+    max: float
+
+
+@dataclasses.dataclass(frozen=True)
+class Measured:
+    """One contender's time per call, the same on every rank."""
+
+    seconds: float  # loop: the best round's mean on the slowest rank; osu: the median call's, slowest rank
+    latency: RankLatency | None = None  # osu only
 
 
 def time_calls(call: Callable[[], None], calls: int, warmup: int, bootstrap: dist.ProcessGroup,
@@ -51,6 +85,24 @@ def time_calls(call: Callable[[], None], calls: int, warmup: int, bootstrap: dis
         call()
         synchronize()
     return (time.perf_counter() - start) / calls
+
+
+def time_each_call(call: Callable[[], None], calls: int, warmup: int, bootstrap: dist.ProcessGroup,
+                   synchronize: Callable[[], None]) -> list[float]:
+    """Seconds of each of `calls` calls on this rank, after `warmup` untimed calls; each call
+    starts after a barrier on `bootstrap`, so that its ranks arrive as they leave the barrier and
+    not as they left the previous call, and is waited for before its clock stops."""
+    for _ in range(warmup):
+        call()
+    synchronize()
+    seconds = []
+    for _ in range(calls):
+        dist.barrier(group=bootstrap)
+        start = time.perf_counter()
+        call()
+        synchronize()
+        seconds.append(time.perf_counter() - start)
+    return seconds
 
 
 def round_order(count: int, round_index: int) -> list[int]:
@@ -74,28 +126,82 @@ def _nothing(*_) -> None:
     pass
 
 
-def best_round_seconds(calls: Sequence[Callable[[], None]], plan: RoundPlan, bootstrap: dist.ProcessGroup,
-                       synchronize: Callable[[], None] = _nothing, reset: Callable[[], None] = _nothing,
-                       timed: Callable[[int], None] = _nothing) -> list[float]:
-    """Seconds per call of each of `calls` (one per contender), the same on every rank of
-    `bootstrap`: its best round's, each round the slowest rank's mean. `synchronize` waits for
-    the device after each call; `reset` runs before each contender's round (so that each starts
-    from the same data); `timed(index)` after it."""
-    seconds = [[0.0] * len(calls) for _ in range(plan.rounds)]
+def timed_rounds(calls: Sequence[Callable[[], None]], plan: RoundPlan, bootstrap: dist.ProcessGroup,
+                 time_round: Callable[..., list[float]], synchronize: Callable[[], None],
+                 reset: Callable[[], None], timed: Callable[[int], None]) -> list[list[list[float]]]:
+    """This rank's seconds, [round][contender] -> what `time_round` returned for that contender's
+    round (one mean per round, or one figure per call). `reset` runs before each contender's
+    round, `timed(index)` after it."""
+    seconds: list[list[list[float]]] = [[[] for _ in calls] for _ in range(plan.rounds)]
     round_calls = [plan.iters] * len(calls)
     for round_index in range(plan.rounds):
         for index in round_order(len(calls), round_index):
             reset()
-            seconds[round_index][index] = time_calls(calls[index], round_calls[index], plan.warmup, bootstrap,
+            seconds[round_index][index] = time_round(calls[index], round_calls[index], plan.warmup, bootstrap,
                                                      synchronize)
             timed(index)
         if round_index == 0 and plan.rounds > 1 and plan.min_round_ms > 0:
-            first = torch.tensor(seconds[0], dtype=torch.float64)
+            first = torch.tensor([statistics.fmean(figures) for figures in seconds[0]], dtype=torch.float64)
             dist.all_reduce(first, op=dist.ReduceOp.MAX, group=bootstrap)
             round_calls = calls_per_round(first.tolist(), plan.iters, plan.min_round_ms)
-    per_round = torch.tensor(seconds, dtype=torch.float64)
+    return seconds
+
+
+def best_round_seconds(calls: Sequence[Callable[[], None]], plan: RoundPlan, bootstrap: dist.ProcessGroup,
+                       synchronize: Callable[[], None] = _nothing, reset: Callable[[], None] = _nothing,
+                       timed: Callable[[int], None] = _nothing) -> list[float]:
+    """Seconds per call of each of `calls` (one per contender) timed back to back, the same on
+    every rank of `bootstrap`: its best round's, each round the slowest rank's mean. `synchronize`
+    waits for the device after each call; `reset` runs before each contender's round (so that
+    each starts from the same data); `timed(index)` after it."""
+    # time_calls looked up at each call, where a test replaces it.
+    seconds = timed_rounds(calls, plan, bootstrap, lambda *round_arguments: [time_calls(*round_arguments)],
+                           synchronize, reset, timed)
+    per_round = torch.tensor([[mean for [mean] in contenders] for contenders in seconds], dtype=torch.float64)
     dist.all_reduce(per_round, op=dist.ReduceOp.MAX, group=bootstrap)
     return per_round.min(dim=0).values.tolist()
+
+
+def measured_from_calls(per_rank_calls: torch.Tensor) -> Measured:
+    """One contender's figures from every rank's seconds of each call, [ranks, calls], call i of
+    every rank after the same barrier: the median over calls of the slowest rank's time of that
+    call, and OSU's latency columns over the ranks' means."""
+    slowest = per_rank_calls.max(dim=0).values
+    rank_means = per_rank_calls.mean(dim=1)
+    return Measured(seconds=statistics.median(slowest.tolist()),
+                    latency=RankLatency(avg=rank_means.mean().item(), min=rank_means.min().item(),
+                                        max=rank_means.max().item()))
+
+
+def gather_calls(per_contender: list[list[float]], bootstrap: dist.ProcessGroup) -> list[torch.Tensor]:
+    """Every rank's seconds of each call, [ranks, calls] per contender, from this rank's: every
+    rank makes as many calls of a contender as the others."""
+    mine = torch.tensor([seconds for calls in per_contender for seconds in calls], dtype=torch.float64)
+    ranks = [torch.empty_like(mine) for _ in range(dist.get_world_size(bootstrap))]
+    dist.all_gather(ranks, mine, group=bootstrap)
+    return list(torch.stack(ranks).split([len(calls) for calls in per_contender], dim=1))
+
+
+def osu_measurements(calls: Sequence[Callable[[], None]], plan: RoundPlan, bootstrap: dist.ProcessGroup,
+                synchronize: Callable[[], None] = _nothing, reset: Callable[[], None] = _nothing,
+                timed: Callable[[int], None] = _nothing) -> list[Measured]:
+    """Each of `calls` timed call by call after a barrier (time_each_call) in every round, the
+    same on every rank of `bootstrap`: measured_from_calls over its calls of all rounds together."""
+    # time_each_call looked up at each call, where a test replaces it.
+    seconds = timed_rounds(calls, plan, bootstrap, lambda *round_arguments: time_each_call(*round_arguments),
+                           synchronize, reset, timed)
+    per_contender = [[call for contenders in seconds for call in contenders[index]] for index in range(len(calls))]
+    return [measured_from_calls(per_rank_calls) for per_rank_calls in gather_calls(per_contender, bootstrap)]
+
+
+def time_contenders(calls: Sequence[Callable[[], None]], plan: RoundPlan, bootstrap: dist.ProcessGroup,
+                    synchronize: Callable[[], None] = _nothing, reset: Callable[[], None] = _nothing,
+                    timed: Callable[[int], None] = _nothing) -> list[Measured]:
+    """Each contender's time per call as plan.timing measures it (best_round_seconds or
+    osu_measurements, which say what the arguments do)."""
+    if plan.timing == "osu":
+        return osu_measurements(calls, plan, bootstrap, synchronize, reset, timed)
+    return [Measured(seconds) for seconds in best_round_seconds(calls, plan, bootstrap, synchronize, reset, timed)]
 
 
 @dataclasses.dataclass(frozen=True)
