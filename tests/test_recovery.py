@@ -161,21 +161,27 @@ def test_killed_jobs_leave_nothing_behind(tmp_path, device_layer):
         pytest.fail("\n".join(problems) + f"\nstderr:\n{done.stderr[-6000:]}")
 
 
+@pytest.mark.parametrize("transport", ["auto", "shm+ofi"])
 @pytest.mark.parametrize("victims", ["3", "2,3"], ids=["a_rank", "a_whole_host"])
-def test_torchrun_restart_across_emulated_hosts(cluster_available, tmp_path, victims):
-    """2 emulated hosts x 2 ranks (shm inside each, TCP between), torchrun's static rendezvous
-    with --max-restarts 1 on each host: rank 3, or both ranks of host 1, SIGKILLed between steps;
-    both hosts restart and the second attempt trains to the end."""
+def test_torchrun_restart_across_emulated_hosts(cluster_available, tmp_path, victims, transport):
+    """2 emulated hosts x 2 ranks (shm inside each, TCP or OFI between), torchrun's static
+    rendezvous with --max-restarts 1 on each host: rank 3, or both ranks of host 1, SIGKILLed
+    between steps; both hosts restart and the second attempt trains to the end."""
+    import torch_torus
+
+    if "ofi" in transport and not torch_torus._C.built_with_ofi:
+        pytest.skip("torch_torus was built without libfabric: the ofi transport is not tested")
     out = tmp_path / "events.jsonl"
     status, output, _ = run_cluster(
         ["--hosts", "2", "--nproc-per-host", "2", "--max-restarts", "1", "--env", f"OUT={out}",
+         "--env", f"TORUS_TRANSPORT={transport}", "--env", "TORUS_OFI_PROVIDER=tcp",
          "--env", "KILL_AT=between_steps", "--env", f"KILL_RANK={victims}", "--", JOBS, "restart"], tmp_path)
     events = [json.loads(line) for line in out.read_text().splitlines()] if out.exists() else []
     finished = [e for e in events if e["event"] == "done" and e["attempt"] == 1]
     problems = [] if status == 0 else [f"the cluster's hosts exited with {status}"]
     if sorted(e["rank"] for e in finished) != [0, 1, 2, 3] or not all(e["replica_equal"] for e in finished):
         problems.append(f"the second attempt did not finish with equal replicas: {finished}")
-    _report_restart(events, f"2 hosts, ranks {victims} killed")
+    _report_restart(events, f"2 hosts over {transport}, ranks {victims} killed")
     if problems:
         pytest.fail("\n".join(problems) + f"\n{output[-6000:]}")
 

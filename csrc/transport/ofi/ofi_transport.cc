@@ -494,9 +494,7 @@ struct OfiTransport::Stream : Link {
   }
 
   ssize_t read(char* dst, size_t n) override {
-    if (!error.empty()) {
-      return broken();
-    }
+    // What arrived before an error (the peer's last chunks, a fault frame) is read first.
     size_t got = 0;
     while (got < n && filled[head]) {
       const size_t part = std::min(slotBytes[head] - headRead, n - got);
@@ -514,7 +512,7 @@ struct OfiTransport::Stream : Link {
     if (got > 0) {
       return static_cast<ssize_t>(got);
     }
-    return atEnd();
+    return error.empty() ? atEnd() : broken();
   }
 
   // Nothing to read: 0 while the peer lives, -1 at the end of what it sent before it left, or

@@ -5,12 +5,14 @@
 // asked for) holds over any provider: tcp, verbs, psm2/3, cxi, efa, shm.
 //
 // Each pair of ranks has a stream each way: the sender copies the layer's bytes into chunks of
-// kChunkBytes and sends each with fi_tsend tagged (kStreamTag | sender), into one of kSlots receive buffers the receiver keeps posted for
-// it. The provider keeps sends between two endpoints in order (FI_ORDER_SAS), so chunks fill the
-// slots in the order they were posted. A sender holds one credit per free slot of the receiver
-// and sends no chunk without one; the receiver reposts a slot once the layer has read it and
-// returns the credits (kControlTag | receiver, 8 bytes) once half the slots are free again. So
-// at most kSlots chunks per peer wait anywhere, whatever the peer does.
+// kChunkBytes (16 KiB) and sends each with fi_tsend tagged (kStreamTag | sender), into one of
+// kSlots (32) receive buffers the receiver keeps posted for it. The provider keeps sends between
+// two endpoints in order (FI_ORDER_SAS), so chunks fill the slots in the order they were posted.
+// A sender holds one credit per free slot of the receiver and sends no chunk without one; the
+// receiver reposts a slot once the layer has read it and returns the credits (kControlTag |
+// receiver, 8 bytes) once half the slots are free again. So at most kSlots chunks per peer wait
+// anywhere, whatever the peer does. A send completes when the sends of its chunks have
+// (Link::sentBytes): then the bytes reach the peer even if this process dies.
 //
 // Large messages: where the provider offers RMA reads, a message above rmaAbove is lent (its
 // buffer registered, FI_REMOTE_READ) and announced with its address and key; the receiver reads
@@ -22,7 +24,7 @@
 // Setup: each rank publishes "ofi/<rank>" (its lifeline's address and its endpoint's name). The
 // first send to or receive from a peer looks it up, inserts it in the address vector, posts the
 // slots for it and sends it a hello (kHelloTag, its rank and name) so that the peer makes its
-// side without a lookup. A rank that keeps posted receives only for peers it talks to.
+// side without a lookup. A rank keeps receives posted only for the peers it talks to.
 //
 // Dead peers: no provider reliably reports one (BENCHMARKS.md), so each pair also holds a TCP
 // lifeline (ofi/lifelines.h) and nothing more is posted to a peer whose lifeline closed.
