@@ -34,15 +34,6 @@ BACKENDS = [b.strip() for b in os.environ.get("TORUS_TEST_BACKENDS", "torus+shm,
 OFI_BACKEND = "torus+ofi"
 CONTRACT_BACKENDS = BACKENDS if "TORUS_TEST_BACKENDS" in os.environ else BACKENDS + [OFI_BACKEND]
 
-
-def _without_ofi():
-    """Why the OFI transport cannot be tested here, or None."""
-    import torch_torus
-
-    if torch_torus._C.built_with_ofi:
-        return None
-    return ("torch_torus was built without libfabric (apt install libfabric-dev, then reinstall): "
-            "the ofi transport is not tested")
 HARD_LIMIT = float(os.environ.get("TORUS_TEST_HARD_LIMIT", "900") or 0)
 
 
@@ -61,7 +52,7 @@ def pytest_generate_tests(metafunc):
         backends = CONTRACT_BACKENDS if getattr(metafunc.module, "TRANSPORT_CONTRACT", False) else BACKENDS
         params = []
         for backend in backends:
-            skip = harness.split_backend(backend)[1].get("TORUS_TRANSPORT", "").endswith("ofi") and _without_ofi()
+            skip = harness.split_backend(backend)[1].get("TORUS_TRANSPORT", "").endswith("ofi") and harness.without_ofi()
             params.append(pytest.param(backend, marks=pytest.mark.skip(reason=skip)) if skip else backend)
         metafunc.parametrize("backend", params)
 

@@ -115,6 +115,16 @@ class PoolSpec:
         return s
 
 
+def without_ofi() -> Optional[str]:
+    """Why the OFI transport cannot be tested here (a build without libfabric), or None."""
+    import torch_torus
+
+    if torch_torus._C.built_with_ofi:
+        return None
+    return ("torch_torus was built without libfabric (apt install libfabric-dev, then reinstall): "
+            "the ofi transport is not tested")
+
+
 def split_backend(backend: str) -> Tuple[str, Dict[str, str]]:
     """"torus+tcp" -> ("torus", {"TORUS_TRANSPORT": "tcp"}): a backend and the transport its
     tests run over; a plain name has no transport setting."""

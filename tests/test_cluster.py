@@ -29,6 +29,7 @@ import pytest
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
+import harness  # noqa: E402
 from benchmarks.cluster import emulate  # noqa: E402
 
 CASE = Path(__file__).resolve().with_name("cluster_case.py")
@@ -76,12 +77,6 @@ def run_cluster(args: list[str], tmp_path: Path, limit: float = RUN_LIMIT) -> tu
     return proc.returncode, output, results
 
 
-def _ofi_built() -> bool:
-    import torch_torus
-
-    return torch_torus._C.built_with_ofi
-
-
 # TORUS_TRANSPORT, what the group says it runs over, and how it describes the network between hosts.
 TRANSPORTS = [
     ("auto", "shm+tcp", "shared memory inside each host, tcp between hosts (10.213.0.1)"),
@@ -92,8 +87,8 @@ TRANSPORTS = [
 
 @pytest.mark.parametrize("setting, transport, described", TRANSPORTS, ids=[t[0] for t in TRANSPORTS])
 def test_allreduce_ring_and_torus_across_hosts(cluster_available, tmp_path, setting, transport, described):
-    if "ofi" in setting and not _ofi_built():
-        pytest.skip("torch_torus was built without libfabric: the ofi transport is not tested")
+    if "ofi" in setting and harness.without_ofi():
+        pytest.skip(harness.without_ofi())
     status, output, results = run_cluster(
         ["--hosts", "2", "--nproc-per-host", "2", "--link", "1gbit", "--env", f"TORUS_TRANSPORT={setting}",
          "--env", "TORUS_OFI_PROVIDER=tcp", "--env", "TORUS_LOG_LEVEL=info", "--", str(CASE)], tmp_path)

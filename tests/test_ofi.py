@@ -16,9 +16,8 @@ import torch_torus
 import harness
 from reference import check_reduction, gen_all
 
-if not torch_torus._C.built_with_ofi:
-    pytest.skip("torch_torus was built without libfabric (apt install libfabric-dev, then reinstall): the "
-                "ofi transport is not tested", allow_module_level=True)
+if harness.without_ofi():
+    pytest.skip(harness.without_ofi(), allow_module_level=True)
 
 OFI = "torus+ofi"
 RMA = {"TORUS_OFI_PROVIDER": "tcp", "TORUS_OFI_RMA_BYTES": "64K"}

@@ -167,10 +167,8 @@ def test_torchrun_restart_across_emulated_hosts(cluster_available, tmp_path, vic
     """2 emulated hosts x 2 ranks (shm inside each, TCP or OFI between), torchrun's static
     rendezvous with --max-restarts 1 on each host: rank 3, or both ranks of host 1, SIGKILLed
     between steps; both hosts restart and the second attempt trains to the end."""
-    import torch_torus
-
-    if "ofi" in transport and not torch_torus._C.built_with_ofi:
-        pytest.skip("torch_torus was built without libfabric: the ofi transport is not tested")
+    if "ofi" in transport and harness.without_ofi():
+        pytest.skip(harness.without_ofi())
     out = tmp_path / "events.jsonl"
     status, output, _ = run_cluster(
         ["--hosts", "2", "--nproc-per-host", "2", "--max-restarts", "1", "--env", f"OUT={out}",

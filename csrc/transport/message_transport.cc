@@ -27,10 +27,6 @@ size_t payloadBytes(const WireHeader& header) {
 // enough for a peer on a busy host to read a fault frame, give up and say so.
 constexpr auto kReasonGrace = std::chrono::milliseconds(200);
 
-std::string rankName(int rank) {
-  return "rank " + std::to_string(rank);
-}
-
 } // namespace
 
 struct MessageTransport::Op : PendingOp {

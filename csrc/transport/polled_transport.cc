@@ -10,6 +10,14 @@
 
 namespace torus {
 
+int millisecondsUntil(Clock::time_point when, int cap) {
+  if (when == Clock::time_point::max()) {
+    return cap;
+  }
+  auto left = std::chrono::duration_cast<std::chrono::milliseconds>(when - Clock::now()).count();
+  return static_cast<int>(std::max<int64_t>(0, std::min<int64_t>(left + 1, cap)));
+}
+
 namespace {
 
 void throwIfFailed(const PendingOp& op) {

@@ -61,6 +61,10 @@ std::shared_ptr<Op> makeOp(const Transport* owner, bool isSend, int peer, uint64
   return op;
 }
 
+// Milliseconds from now until `when` for poll(), rounded up and at most `cap` (also when `when`
+// is the end of time).
+int millisecondsUntil(Clock::time_point when, int cap);
+
 // "receive of 4000 bytes from rank 1, send of ..." for the requests not yet complete.
 std::string describePending(const std::vector<RequestPtr>& requests);
 

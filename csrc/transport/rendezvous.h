@@ -5,6 +5,8 @@
 #include <optional>
 #include <string>
 
+#include "transport/transport.h"
+
 namespace torus {
 
 class Rendezvous {
@@ -23,5 +25,16 @@ class Rendezvous {
     return std::nullopt;
   }
 };
+
+// When to look again after `tries` looks that found nothing (or connections that failed): 1 ms,
+// doubling to 100 ms.
+Clock::time_point backoff(int tries);
+
+// One look, without blocking, for the value a peer publishes under `key` (its address), from a
+// transport's progress: the value; or nullopt with *failure empty while it is not there yet
+// (*nextTry then set by backoff(*tries)); or nullopt with *failure saying why it never will be
+// (the store failed, or `deadline` passed). Only where rendezvous.looksUpFromAnyThread().
+std::optional<std::string> lookUpPublished(Rendezvous& rendezvous, const std::string& key, Deadline deadline,
+                                           Clock::time_point* nextTry, int* tries, std::string* failure);
 
 } // namespace torus

@@ -20,6 +20,11 @@ namespace torus {
 using Clock = std::chrono::steady_clock;
 using Deadline = Clock::time_point;
 
+// "rank 3": how every error names a rank.
+inline std::string rankName(int rank) {
+  return "rank " + std::to_string(rank);
+}
+
 // How long a wait spins, yielding the core, before it sleeps: long enough to catch a peer that
 // answers within microseconds, short enough not to burn an oversubscribed host's cores.
 constexpr auto kSpinBeforeSleep = std::chrono::microseconds(50);

@@ -12,6 +12,7 @@
 #include <stdexcept>
 
 #include "transport/sockets.h"
+#include "transport/transport.h"
 
 namespace torus::ofi {
 
@@ -43,10 +44,6 @@ void keepAlive(int fd) {
   ::setsockopt(fd, IPPROTO_TCP, TCP_KEEPIDLE, &idle, sizeof(idle));
   ::setsockopt(fd, IPPROTO_TCP, TCP_KEEPINTVL, &interval, sizeof(interval));
   ::setsockopt(fd, IPPROTO_TCP, TCP_KEEPCNT, &count, sizeof(count));
-}
-
-std::string rankName(int rank) {
-  return "rank " + std::to_string(rank);
 }
 
 } // namespace

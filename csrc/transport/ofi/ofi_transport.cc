@@ -49,8 +49,6 @@ constexpr auto kStreamEndGrace = std::chrono::seconds(2);
 constexpr auto kFarewellGrace = std::chrono::milliseconds(500);
 // Messages above this go by RMA reads by default, where the provider reads in hardware.
 constexpr size_t kDefaultRmaAbove = 256 * 1024;
-// Looking up an address not yet published backs off from 1 ms to this.
-constexpr auto kMaxBackoff = std::chrono::milliseconds(100);
 
 enum PostKind : int { kSlotReceive = 1, kChunkSend, kControlReceive, kControlSend, kHelloReceive, kHelloSend, kRead };
 
@@ -62,10 +60,6 @@ struct HelloMessage {
   uint32_t nameBytes = 0;
   char name[240] = {};
 };
-
-std::string rankName(int rank) {
-  return "rank " + std::to_string(rank);
-}
 
 std::string toHex(const std::string& bytes) {
   static const char digits[] = "0123456789abcdef";
@@ -83,14 +77,6 @@ std::string fromHex(const std::string& text) {
     bytes += static_cast<char>(std::stoi(text.substr(i, 2), nullptr, 16));
   }
   return bytes;
-}
-
-int millisecondsUntil(Clock::time_point when, int cap) {
-  if (when == Clock::time_point::max()) {
-    return cap;
-  }
-  auto left = std::chrono::duration_cast<std::chrono::milliseconds>(when - Clock::now()).count();
-  return static_cast<int>(std::max<int64_t>(0, std::min<int64_t>(left + 1, cap)));
 }
 
 } // namespace
@@ -254,6 +240,15 @@ struct OfiTransport::Stream : Link {
     }
   }
 
+  // Whether a post was taken: false when the provider is full for now (-FI_EAGAIN, tried again
+  // later) or the post failed (the stream then broke, naming `what`).
+  bool taken(ssize_t result, const char* what) {
+    if (result != 0 && result != -FI_EAGAIN) {
+      broke(what, result);
+    }
+    return result == 0;
+  }
+
   // Takes what fits of `n` bytes into chunks; returns how many.
   size_t accept(const char* data, size_t n) {
     size_t took = 0;
@@ -290,13 +285,8 @@ struct OfiTransport::Stream : Link {
     bool sent = false;
     while (!sealed.empty() && credits > 0 && error.empty()) {
       const int i = sealed.front();
-      const ssize_t result =
-          fi_tsend(ep(), chunk(i), chunkBytes[i], desc, address, ownTag(kStreamTag), &chunkPosts[i]);
-      if (result == -FI_EAGAIN) {
-        break;
-      }
-      if (result != 0) {
-        broke("sending", result);
+      if (!taken(fi_tsend(ep(), chunk(i), chunkBytes[i], desc, address, ownTag(kStreamTag), &chunkPosts[i]),
+                 "sending")) {
         break;
       }
       sealed.pop_front();
@@ -309,25 +299,18 @@ struct OfiTransport::Stream : Link {
   }
 
   bool postSlot(int i) {
-    const ssize_t result =
-        fi_trecv(ep(), slot(i), kChunkBytes, desc, FI_ADDR_UNSPEC, kStreamTag | static_cast<uint64_t>(peer), 0,
-                 &slotPosts[i]);
-    if (result != 0 && result != -FI_EAGAIN) {
-      broke("posting a receive", result);
-    }
-    return result == 0;
+    return taken(fi_trecv(ep(), slot(i), kChunkBytes, desc, FI_ADDR_UNSPEC, kStreamTag | static_cast<uint64_t>(peer),
+                          0, &slotPosts[i]),
+                 "posting a receive");
   }
 
   bool postControlReceive() {
     if (controlReceivePosted) {
       return true;
     }
-    const ssize_t result = fi_trecv(ep(), &creditWords()[0], sizeof(uint64_t), desc, FI_ADDR_UNSPEC,
-                                    kControlTag | static_cast<uint64_t>(peer), 0, &controlReceivePost);
-    if (result != 0 && result != -FI_EAGAIN) {
-      broke("posting a receive", result);
-    }
-    controlReceivePosted = result == 0;
+    controlReceivePosted = taken(fi_trecv(ep(), &creditWords()[0], sizeof(uint64_t), desc, FI_ADDR_UNSPEC,
+                                          kControlTag | static_cast<uint64_t>(peer), 0, &controlReceivePost),
+                                 "posting a receive");
     return controlReceivePosted;
   }
 
@@ -337,13 +320,9 @@ struct OfiTransport::Stream : Link {
       return false;
     }
     creditWords()[1] = creditsToSend;
-    const ssize_t result =
-        fi_tsend(ep(), &creditWords()[1], sizeof(uint64_t), desc, address, ownTag(kControlTag), &controlSendPost);
-    if (result == -FI_EAGAIN) {
-      return false;
-    }
-    if (result != 0) {
-      broke("returning credits", result);
+    if (!taken(fi_tsend(ep(), &creditWords()[1], sizeof(uint64_t), desc, address, ownTag(kControlTag),
+                        &controlSendPost),
+               "returning credits")) {
       return false;
     }
     controlSendBusy = true;
@@ -355,14 +334,8 @@ struct OfiTransport::Stream : Link {
     if (!helloToSend || helloBusy) {
       return false;
     }
-    const ssize_t result =
-        fi_tsend(ep(), &hello(), sizeof(HelloMessage), desc, address, kHelloTag | static_cast<uint64_t>(transport->rank()),
-                 &helloPost);
-    if (result == -FI_EAGAIN) {
-      return false;
-    }
-    if (result != 0) {
-      broke("saying hello", result);
+    if (!taken(fi_tsend(ep(), &hello(), sizeof(HelloMessage), desc, address, ownTag(kHelloTag), &helloPost),
+               "saying hello")) {
       return false;
     }
     helloToSend = false;
@@ -792,22 +765,14 @@ bool OfiTransport::advanceLookup(int peer, Lookup& lookup) {
     return false;
   }
   if (published_[peer].empty()) {
-    std::optional<std::string> found;
-    try {
-      found = rendezvous_->tryGet("ofi/" + std::to_string(peer));
-    } catch (const std::exception& e) {
-      failPeer(peer, cannot + ": its address cannot be read from the store: " + e.what());
+    std::string failure;
+    auto found = lookUpPublished(*rendezvous_, "ofi/" + std::to_string(peer), lookup.deadline, &lookup.nextTry,
+                                 &lookup.tries, &failure);
+    if (!failure.empty()) {
+      failPeer(peer, cannot + ": " + failure);
       return true;
     }
     if (!found) {
-      if (Clock::now() >= lookup.deadline) {
-        failPeer(peer, cannot + ": it did not publish its address within the timeout (it has not created the "
-                                "group, or failed before it did)");
-        return true;
-      }
-      lookup.nextTry = Clock::now() + std::min<Clock::duration>(
-                                          std::chrono::milliseconds(int64_t{1} << std::min(lookup.tries++, 7)),
-                                          kMaxBackoff);
       return false;
     }
     published_[peer] = *found;
@@ -1002,9 +967,9 @@ bool OfiTransport::sleep(std::unique_lock<std::mutex>& lock, Deadline deadline) 
     ssize_t ignored = ::read(wakeFd_, &drained, sizeof(drained));
     (void)ignored;
   }
-  bool moved = pump();
-  moved |= checkLifelines(true);
-  moved |= advanceLookups();
+  // The lifelines now (checkPeers looks at them only every kLifelineCheck), then what checkPeers does.
+  bool moved = checkLifelines(true);
+  moved |= checkPeers();
   if (ready > 0 || moved) {
     return true;
   }

@@ -32,9 +32,6 @@ constexpr uint32_t kGaveUp = 0x71756974; // "quit", then the reason's bytes
 constexpr int kIdleCheckMs = 100;
 // A refused rank connects again after this, in case the peer's own connection never comes.
 constexpr auto kRetryAfterRefusal = std::chrono::milliseconds(200);
-// Looking up an address not yet published, and connecting again after a network error, back off
-// from 1 ms to this.
-constexpr auto kMaxBackoff = std::chrono::milliseconds(100);
 // How long destroying a transport waits for its last words (a fault or goodbye frame) to reach
 // the peers: closing a socket with unread bytes resets the connection, and a reset drops what
 // the kernel has not delivered yet.
@@ -65,22 +62,6 @@ bool sendVerdict(int fd, uint32_t code, const std::string& reason = "") {
 
 std::string systemError(const std::string& what, int error) {
   return what + ": " + std::strerror(error);
-}
-
-std::string rankName(int rank) {
-  return "rank " + std::to_string(rank);
-}
-
-int millisecondsUntil(Clock::time_point when, int cap) {
-  if (when == Clock::time_point::max()) {
-    return cap;
-  }
-  auto left = std::chrono::duration_cast<std::chrono::milliseconds>(when - Clock::now()).count();
-  return static_cast<int>(std::max<int64_t>(0, std::min<int64_t>(left + 1, cap)));
-}
-
-Clock::time_point backoff(int tries) {
-  return Clock::now() + std::min<Clock::duration>(std::chrono::milliseconds(int64_t{1} << std::min(tries, 7)), kMaxBackoff);
 }
 
 void setSocketOptions(int fd) {
@@ -381,20 +362,13 @@ bool TcpTransport::advanceDial(int peer, Dial& dial) {
     return false;
   }
   if (dial.step == Step::kLookUp && where.empty()) {
-    std::optional<std::string> found;
-    try {
-      found = rendezvous_->tryGet("tcp/" + std::to_string(peer));
-    } catch (const std::exception& e) {
-      failPeer(peer, cannot + ": its address cannot be read from the store: " + e.what());
-      return false;
+    std::string failure;
+    auto found = lookUpPublished(*rendezvous_, "tcp/" + std::to_string(peer), dial.deadline, &dial.nextTry,
+                                 &dial.tries, &failure);
+    if (!failure.empty()) {
+      failPeer(peer, cannot + ": " + failure);
     }
     if (!found) {
-      if (Clock::now() >= dial.deadline) {
-        failPeer(peer, cannot + ": it did not publish its address within the timeout (it has not created "
-                                "the group, or failed before it did)");
-      } else {
-        dial.nextTry = backoff(dial.tries++);
-      }
       return false;
     }
     addresses_[peer] = *found;
