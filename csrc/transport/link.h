@@ -25,7 +25,8 @@ class Link {
   // After writes: makes them visible to the peer and wakes it.
   virtual void flush() {}
   // How many of the bytes written the Link has handed on for good, so that they reach the peer
-  // even if this process dies now (UINT64_MAX: every byte, as soon as write() takes it).
+  // even if this process dies now, or that the peer said it read (UINT64_MAX: every byte, as
+  // soon as write() takes it).
   virtual uint64_t sentBytes() const {
     return UINT64_MAX;
   }

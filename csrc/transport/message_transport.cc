@@ -606,6 +606,9 @@ void MessageTransport::peerClosed(Peer& peer) {
     failPeer(peer.rank, rankName(peer.rank) + " gave up on the group: " +
                             std::string(peer.holding.data(), peer.payloadRead));
   } else if (peer.left) {
+    // What the peer received before it left is delivered, though its Link may have
+    // learned so only from the peer's goodbye.
+    confirmSends(peer);
     peerLeft(peer.rank, rankName(peer.rank) + " left the group (destroyed its process group)");
   } else {
     peerVanished(peer.rank, rankName(peer.rank) +

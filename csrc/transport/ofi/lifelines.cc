@@ -31,10 +31,11 @@ struct FarewellHeader {
   uint32_t magic;
   uint32_t kind;
   uint64_t streamBytes;
+  uint64_t readBytes;
   uint32_t whyBytes;
   uint32_t reserved;
 };
-static_assert(sizeof(FarewellHeader) == 24, "no padding on the wire");
+static_assert(sizeof(FarewellHeader) == 32, "no padding on the wire");
 
 // Keepalive: a host that went down (no process left to close the socket) is found within about
 // 10 s of silence plus 3 probes 2 s apart.
@@ -132,7 +133,7 @@ bool Lifelines::readLine(Line& line, int* peer) {
     if (line.inbound.size() < sizeof(header) + header.whyBytes) {
       continue;
     }
-    p.farewell = Farewell{static_cast<Farewell::Kind>(header.kind), header.streamBytes,
+    p.farewell = Farewell{static_cast<Farewell::Kind>(header.kind), header.streamBytes, header.readBytes,
                           line.inbound.substr(sizeof(header), header.whyBytes)};
   }
 }
@@ -234,7 +235,8 @@ void Lifelines::sayFarewell(int peer, const Farewell& farewell) {
     return;
   }
   const std::string why = farewell.why.substr(0, kWhyBytes);
-  FarewellHeader header{kFarewellMagic, farewell.kind, farewell.streamBytes, static_cast<uint32_t>(why.size()), 0};
+  FarewellHeader header{kFarewellMagic, farewell.kind, farewell.streamBytes, farewell.readBytes,
+                        static_cast<uint32_t>(why.size()), 0};
   p.farewellBytes.assign(reinterpret_cast<const char*>(&header), sizeof(header));
   p.farewellBytes += why;
   for (Line& line : p.lines) {

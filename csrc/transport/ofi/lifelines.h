@@ -5,8 +5,8 @@
 //
 // The rank that first needs a peer dials it (a Hello: magic, rank, group size); the peer accepts
 // whenever it next makes progress. A rank that leaves or gives up writes a Farewell on each of
-// its lifelines — goodbye or fault, the bytes it put on the fabric stream to that peer, and why
-// — then closes them; one that dies just closes them. So a peer knows how much of the stream to
+// its lifelines — goodbye or fault, the bytes it put on the fabric stream to that peer and those
+// it read from the peer's, and why — then closes them; one that dies just closes them. So a peer knows how much of the stream to
 // read before the end is the end, and why the peer went when it can say.
 #pragma once
 
@@ -24,6 +24,9 @@ struct Farewell {
   enum Kind : uint32_t { kGoodbye = 1, kFault = 2 };
   Kind kind = kGoodbye;
   uint64_t streamBytes = 0; // what the peer wrote on its fabric stream to this rank, in all
+  // What the peer read of this rank's stream: those sends are delivered even where the fabric
+  // reports their completion only after the peer's endpoint closed (rxm over tcp does).
+  uint64_t readBytes = 0;
   std::string why; // kFault: the reason the peer gave up
 };
 

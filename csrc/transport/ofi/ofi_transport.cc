@@ -397,20 +397,23 @@ struct OfiTransport::Stream : Link {
 
   // ---- Link ----
 
-  // An operation with the peer failed: libfabric says so when the peer's endpoint closes,
-  // before its lifeline may have told why. For up to kFarewellGrace, 0 (wait); then the
-  // reason the lifeline gave, or the error.
-  ssize_t broken() {
+  // Why the peer's lifeline ended, in its farewell's words where it gave one.
+  std::string endedWhy() const {
     const ofi::Lifelines& lifelines = transport->lifelines_;
-    if (lifelines.ended(peer)) {
-      const auto& farewell = lifelines.farewell(peer);
-      if (farewell && farewell->kind == ofi::Farewell::kFault) {
-        throw CommError(CommError::Kind::kPeer, rankName(peer) + " gave up on the group: " + farewell->why);
-      }
-      if (farewell) {
-        return -1; // it left: the layer decides whether that is a failure
-      }
-      throw CommError(CommError::Kind::kPeer, lifelines.endedWhy(peer));
+    const auto& farewell = lifelines.farewell(peer);
+    if (!farewell) {
+      return lifelines.endedWhy(peer);
+    }
+    return farewell->kind == ofi::Farewell::kFault ? rankName(peer) + " gave up on the group: " + farewell->why
+                                                   : rankName(peer) + " left the group (destroyed its process group)";
+  }
+
+  // An operation with the peer failed: libfabric says so when the peer's endpoint closes,
+  // before its lifeline may have told why. For up to kFarewellGrace, 0 (wait); then the error.
+  // Once the lifeline ended, what atEnd says.
+  ssize_t broken() {
+    if (transport->lifelines_.ended(peer)) {
+      return atEnd();
     }
     if (errorSeen == Clock::time_point{}) {
       errorSeen = Clock::now();
@@ -422,15 +425,19 @@ struct OfiTransport::Stream : Link {
   }
 
   size_t write(const iovec* parts, int count) override {
-    if (!error.empty()) {
-      if (broken() == 0) {
+    if (transport->lifelines_.ended(peer)) {
+      // Never post to a peer that may be gone: the shm provider spins forever on one. A peer
+      // that left takes nothing more, which is no failure by itself (a credit it no longer
+      // needs): the reads reach its goodbye, and what waits for the peer fails there.
+      const auto& farewell = transport->lifelines_.farewell(peer);
+      if (farewell && farewell->kind == ofi::Farewell::kGoodbye) {
         return 0;
       }
-      throw CommError(CommError::Kind::kPeer, rankName(peer) + " left the group (destroyed its process group)");
+      throw CommError(CommError::Kind::kPeer, endedWhy());
     }
-    if (transport->lifelines_.ended(peer)) {
-      // Never post to a peer that may be gone: the shm provider spins forever on one.
-      throw CommError(CommError::Kind::kPeer, transport->lifelines_.endedWhy(peer));
+    if (!error.empty()) {
+      broken();
+      return 0;
     }
     size_t took = 0;
     for (int i = 0; i < count; ++i) {
@@ -456,7 +463,8 @@ struct OfiTransport::Stream : Link {
   }
 
   uint64_t sentBytes() const override {
-    return handedOn;
+    const auto& farewell = transport->lifelines_.farewell(peer);
+    return farewell ? std::max(handedOn, farewell->readBytes) : handedOn;
   }
 
   void flush() override {
@@ -505,7 +513,7 @@ struct OfiTransport::Stream : Link {
       if (Clock::now() - endSeen < kFarewellGrace) {
         return 0;
       }
-      throw CommError(CommError::Kind::kPeer, lifelines.endedWhy(peer));
+      throw CommError(CommError::Kind::kPeer, endedWhy());
     }
     if (readBytes >= farewell->streamBytes && farewell->kind == ofi::Farewell::kGoodbye) {
       return -1;
@@ -515,7 +523,7 @@ struct OfiTransport::Stream : Link {
     }
     throw CommError(CommError::Kind::kPeer,
                     farewell->kind == ofi::Farewell::kFault
-                        ? rankName(peer) + " gave up on the group: " + farewell->why
+                        ? endedWhy()
                         : rankName(peer) + " left the group, but " +
                               std::to_string(farewell->streamBytes - readBytes) + " bytes it sent never arrived");
   }
@@ -583,7 +591,7 @@ void OfiTransport::Stream::readPeerMemory(uint64_t remote, uint64_t key, char* d
     if (!transport->pump()) {
       if (transport->checkLifelines(false) && transport->lifelines_.ended(peer)) {
         // The read may still land: the memory stays registered until the endpoint closes.
-        throw CommError(CommError::Kind::kPeer, transport->lifelines_.endedWhy(peer));
+        throw CommError(CommError::Kind::kPeer, endedWhy());
       }
       sched_yield();
     }
@@ -921,7 +929,8 @@ void OfiTransport::sayFarewells(ofi::Farewell::Kind kind, const std::string& why
   for (int peer = 0; peer < size(); ++peer) {
     if (peer != rank()) {
       const Stream* stream = streams_[peer].get();
-      lifelines_.sayFarewell(peer, ofi::Farewell{kind, stream ? stream->written + stream->farewell.size() : 0, why});
+      lifelines_.sayFarewell(peer, ofi::Farewell{kind, stream ? stream->written + stream->farewell.size() : 0,
+                                                 stream ? stream->readBytes : 0, why});
     }
   }
 }
