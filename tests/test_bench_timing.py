@@ -53,13 +53,14 @@ def test_osu_bench_reports_latency_over_ranks_and_checks_every_result(tmp_path):
     for row in rows:
         assert row["wrong"] == 0 and row["time_us"] > 0, row
         assert 0 < row["latency_min_us"] <= row["latency_avg_us"] <= row["latency_max_us"], row
+        assert row["exit_skew_us"] >= 0 and row["after_last_us"] > 0, row  # one host: one clock
 
 
 def test_osu_tuning_entry_records_its_timing(tmp_path):
     path = tmp_path / "tuning.json"
     output = run_torchrun(["-m", "torch_torus.tune", "--timing", "osu", "-b", "4K", "-e", "4K", "-n", "3",
                            "-w", "1", "-r", "1", "-o", str(path)])
-    assert "timing osu: a barrier on the bootstrap group before each call" in output, output
+    assert "timing osu: a barrier of the contender's own before each call" in output, output
     assert "(us, median call of the slowest rank;" in output, output
     [entry] = tuning.read(str(path))
     assert entry.timing == "osu" and entry.record["timing"] == "osu"
@@ -75,31 +76,51 @@ def test_an_entry_without_a_timing_was_timed_with_loop():
 def test_a_call_counts_at_its_slowest_rank_and_latency_at_each_rank_mean():
     # Two ranks, four calls: the slowest rank's of each call are 3, 5, 2 and 8 us, whose median is
     # 4 us; rank 0's mean is 3 us, rank 1's 3.5 us.
-    per_rank_calls = torch.tensor([[1.0, 5.0, 2.0, 4.0], [3.0, 1.0, 2.0, 8.0]], dtype=torch.float64) * 1e-6
-    measured = timing.measured_from_calls(per_rank_calls)
+    seconds = torch.tensor([[1.0, 5.0, 2.0, 4.0], [3.0, 1.0, 2.0, 8.0]], dtype=torch.float64) * 1e-6
+    starts = torch.tensor([[0.0, 10.0, 20.0, 30.0]] * 2, dtype=torch.float64)
+    measured = timing.measured_from_calls(starts, starts + seconds)
     assert measured.seconds == pytest.approx(4e-6)
     assert vars(measured.latency) == pytest.approx({"avg": 3.25e-6, "min": 3e-6, "max": 3.5e-6})
+    assert measured.breakdown is None  # several clocks: no breakdown
+
+
+def test_breakdown_splits_a_call_into_exit_skew_and_the_call_after_the_last_start():
+    # Three ranks, three calls, on one clock. Call 0: starts 0, 2, 5, ends 9, 9, 9: skew 5, 4 after
+    # the last start. Call 1: starts 0, 0, 1, ends 3, 4, 2: skew 1, 3 after. Call 2: starts 3, 0,
+    # 0, ends 10, 10, 10: skew 3, 7 after. Medians: skew 3, after 4.
+    starts = torch.tensor([[0.0, 100.0, 203.0], [2.0, 100.0, 200.0], [5.0, 101.0, 200.0]], dtype=torch.float64)
+    ends = torch.tensor([[9.0, 103.0, 210.0], [9.0, 104.0, 210.0], [9.0, 102.0, 210.0]], dtype=torch.float64)
+    measured = timing.measured_from_calls(starts, ends, one_clock=True)
+    assert vars(measured.breakdown) == pytest.approx({"exit_skew": 3.0, "after_last": 4.0})
+    # The slowest rank's of each call: 9, 4, 10.
+    assert measured.seconds == pytest.approx(9.0)
 
 
 def test_osu_rounds_count_every_call_of_every_round(one_rank_group, monkeypatch):  # noqa: F811
     # Each contender's seconds of each call in rounds 0 and 1, as time_each_call would measure them.
     script = [[[4.0, 1.0, 9.0], [2.0, 3.0, 8.0]], [[5.0, 5.0, 5.0], [1.0, 1.0, 1.0]]]
     rounds_done = [0, 0]
+    barriers = []
 
-    def scripted_time_each_call(call, calls, warmup, bootstrap, synchronize):
+    def scripted_time_each_call(call, calls, warmup, barrier, synchronize):
         index = call()
+        barrier()
         assert calls == 3 and warmup == 1
         rounds_done[index] += 1
-        return script[index][rounds_done[index] - 1]
+        return [(10.0 * i, 10.0 * i + seconds) for i, seconds in enumerate(script[index][rounds_done[index] - 1])]
 
     monkeypatch.setattr(timing, "time_each_call", scripted_time_each_call)
     plan = timing.RoundPlan(iters=3, warmup=1, rounds=2, min_round_ms=0.0, timing="osu")
-    first, second = timing.time_contenders([lambda: 0, lambda: 1], plan, one_rank_group)
+    first, second = timing.time_contenders([lambda: 0, lambda: 1], plan, one_rank_group,
+                                           barriers=[lambda: barriers.append(0), lambda: barriers.append(1)])
 
     # The median of all six calls, not the best round's: 3.5 s (rounds of 4.67 and 4.33 s on average).
     assert first.seconds == pytest.approx(3.5) and second.seconds == pytest.approx(3.0)
     assert vars(first.latency) == pytest.approx({"avg": 4.5, "min": 4.5, "max": 4.5})
     assert rounds_done == [2, 2]
+    assert sorted(barriers) == [0, 0, 1, 1]  # each contender's calls after its own barrier
+    # One rank: nothing to wait for at the barrier, the call all after the last start.
+    assert first.breakdown.exit_skew == 0 and first.breakdown.after_last == pytest.approx(3.5)
 
 
 def test_header_says_which_timing_and_what_time_is():

@@ -130,7 +130,8 @@ def main(argv: list[str] | None = None) -> None:
             progress.set_description(f"{human_size(size)} {measured[index]}", refresh=False)
             progress.update()
 
-        seconds = [m.seconds for m in time_contenders(calls, plan, bootstrap, timed=timed)]
+        barriers = [lambda group=groups[a]: dist.barrier(group=group) for a in measured]
+        seconds = [m.seconds for m in time_contenders(calls, plan, bootstrap, timed=timed, barriers=barriers)]
         for algorithm in algorithms:
             time_us[algorithm].append(seconds[measured.index(algorithm)] * 1e6 if algorithm in measured else None)
     progress.close()

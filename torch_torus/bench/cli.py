@@ -65,10 +65,11 @@ def build_parser() -> argparse.ArgumentParser:
                              "python -m torch_torus.tune does (default: %(default)s, off)")
     parser.add_argument("--timing", choices=list(TIMINGS), default="loop",
                         help="loop: the calls back to back, time = mean per call on the slowest "
-                             "rank (nccl-tests); osu: a barrier on the bootstrap group before each "
+                             "rank (nccl-tests); osu: a barrier of the contender's own before each "
                              "call, timed alone, time = the median call's on the slowest rank, with "
-                             "OSU's avg/min/max latency over ranks (osu_allreduce), as a training "
-                             "step's ranks arrive from compute (default: %(default)s)")
+                             "OSU's avg/min/max latency over ranks (osu_allreduce) and, on one host, "
+                             "the barrier's exit skew and the call after the last rank's start, as a "
+                             "training step's ranks arrive from compute (default: %(default)s)")
     parser.add_argument(
         "--backends", "--backend", dest="backends", action="append", metavar="SPEC",
         help="contenders to compare, separated by ',' or ';' or given by repeating the flag. "

@@ -60,6 +60,14 @@ class Contender:
         output = buffers.output.numpy()
         return lambda: collective.call_mpi(input, output, comm, mpi_op)
 
+    def barrier(self) -> None:
+        """The contender's own barrier (OSU's MPI_Barrier on the communicator it measures): its
+        group's, or MPI's on its communicator."""
+        if self.comm is not None:
+            self.comm.Barrier()
+        else:
+            dist.barrier(group=self.group)
+
     @property
     def api(self) -> str:
         """How calls are made: "dist" (torch.distributed) or "op" (torch.ops.torus)."""

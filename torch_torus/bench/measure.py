@@ -34,6 +34,9 @@ class Row:
     latency_avg_us: float | None = None
     latency_min_us: float | None = None
     latency_max_us: float | None = None
+    # --timing osu on one host: the barrier's exit skew, and the call from the last rank's start
+    exit_skew_us: float | None = None
+    after_last_us: float | None = None
 
     def to_json(self) -> dict:
         row = {
@@ -53,6 +56,8 @@ class Row:
         if self.latency_avg_us is not None:
             row.update(latency_avg_us=self.latency_avg_us, latency_min_us=self.latency_min_us,
                        latency_max_us=self.latency_max_us)
+        if self.exit_skew_us is not None:
+            row.update(exit_skew_us=self.exit_skew_us, after_last_us=self.after_last_us)
         return row
 
 
@@ -76,7 +81,8 @@ def measure_size(count: int, collective: Collective, args: argparse.Namespace,
     calls = [contender.bind(collective, buffers, args.op) for contender in contenders]
     # Each contender starts from the same data: an in-place allreduce repeated grows its values.
     measured = time_contenders(calls, RoundPlan.of(args), bootstrap, synchronize=synchronize,
-                               reset=lambda: collective.fill(buffers, pattern))
+                               reset=lambda: collective.fill(buffers, pattern),
+                               barriers=[contender.barrier for contender in contenders])
     wrong: list[int | None] = [None] * len(calls)
     if args.check:
         wrong_tensor = torch.tensor([check_contender(collective, buffers, count, call, pattern, synchronize)
@@ -100,11 +106,15 @@ def measure_size(count: int, collective: Collective, args: argparse.Namespace,
 
 
 def latency_fields(measured: Measured) -> dict[str, float]:
-    """A Row's latency_*_us from OSU's columns, none without them (--timing loop)."""
+    """A Row's latency_*_us from OSU's columns and its breakdown, none without them (--timing loop)."""
     if measured.latency is None:
         return {}
-    return {"latency_avg_us": measured.latency.avg * 1e6, "latency_min_us": measured.latency.min * 1e6,
-            "latency_max_us": measured.latency.max * 1e6}
+    fields = {"latency_avg_us": measured.latency.avg * 1e6, "latency_min_us": measured.latency.min * 1e6,
+              "latency_max_us": measured.latency.max * 1e6}
+    if measured.breakdown is not None:
+        fields.update(exit_skew_us=measured.breakdown.exit_skew * 1e6,
+                      after_last_us=measured.breakdown.after_last * 1e6)
+    return fields
 
 
 def counts_to_measure(collective: Collective, args: argparse.Namespace) -> list[int]:

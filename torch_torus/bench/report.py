@@ -25,7 +25,9 @@ class Table:
 
     COMMON = "{:>12}  {:>12}  {:>8}  {:>6}  {:>5}"
     TIME = "  {:>10}"
-    LATENCY = "  {:>9}  {:>9}  {:>9}"  # with --timing osu: OSU's Avg, Min and Max Latency
+    # with --timing osu: OSU's Avg, Min and Max Latency, the barrier's exit skew and the call after
+    # the last rank's start
+    LATENCY = "  {:>9}  {:>9}  {:>9}  {:>7}  {:>7}"
     BANDWIDTH = "  {:>7}  {:>7}  {:>6}"  # algbw, busbw, #wrong
     COPY_SHARE = "  {:>6}"  # with --device cuda: busbw as a percentage of the GPU's copy bandwidth
     ALGORITHM = "  {:>18}"
@@ -51,7 +53,7 @@ class Table:
             if len(title) > width - 2:
                 title = title[:width - 5] + "..."
             titles += "  " + title.ljust(width - 2)
-            latency = ("avg lat", "min lat", "max lat") if self.latency else ()
+            latency = ("avg lat", "min lat", "max lat", "skew", "in all") if self.latency else ()
             share = ("%copy",) if self.copy else ()
             extra = ("algorithm",) if contender.algorithm_for else ()
             names += group.format("time", *latency, "algbw", "busbw", "#wrong", *share, *extra)
@@ -68,7 +70,9 @@ class Table:
         for row in rows:
             values = [f"{row.time_us:.1f}"]
             if self.latency:
-                values += [f"{row.latency_avg_us:.1f}", f"{row.latency_min_us:.1f}", f"{row.latency_max_us:.1f}"]
+                values += [f"{row.latency_avg_us:.1f}", f"{row.latency_min_us:.1f}", f"{row.latency_max_us:.1f}",
+                           *(("-", "-") if row.exit_skew_us is None else
+                             (f"{row.exit_skew_us:.1f}", f"{row.after_last_us:.1f}"))]
             values += [f"{row.algbw:.3f}", f"{row.busbw:.3f}", "-" if row.wrong is None else str(row.wrong)]
             if self.copy:
                 values.append("-" if row.copy_share is None else f"{100 * row.copy_share:.2f}")
@@ -95,7 +99,9 @@ def timing_lines(collective: Collective, args: argparse.Namespace) -> list[str]:
         rounds = f"; {args.rounds} rounds of every contender in turn, {counted}" + (
             f"; after the first round, as many calls as last {args.min_round_ms:g} ms" if args.min_round_ms > 0 else "")
     time = ("median over calls of the slowest rank's time of the call; avg/min/max lat = each rank's mean "
-            "per call, averaged/least/most over ranks (OSU's Avg/Min/Max Latency)"
+            "per call, averaged/least/most over ranks (OSU's Avg/Min/Max Latency); skew = the last rank's "
+            "start less the first's, in all = the last rank's start to the last rank's end (medians over "
+            "calls; - where ranks are on several hosts)"
             if osu else "mean per call, slowest rank")
     return [
         f"# timing {args.timing}: {args.iters} timed calls after {args.warmup} warmup calls per size and contender, "

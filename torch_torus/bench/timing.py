@@ -9,12 +9,15 @@ call is a few scheduling delays, average over more calls. Calls are timed in one
 loop  the calls back to back, each waited for before the next, as nccl-tests does. A round's time
       is the mean per call on the slowest rank; a contender's time is its best round's, since
       other work on the machine only ever adds time.
-osu   a barrier on the bootstrap group before each call, and the call timed alone, as OSU's
-      osu_allreduce does: the situation of a training step, whose ranks come to a collective from
-      compute and not from the previous collective, skewed by the barrier's exit. A call's time
-      is the slowest rank's; a contender's time is the median over its calls of every round (a
-      best round would keep the luckiest calls). OSU's latency columns come with it: each rank's
-      mean per call, averaged, least and most over ranks.
+osu   each call after a barrier of the contender's own (MPI_Barrier on its communicator, as
+      OSU's osu_allreduce does), and timed alone: the situation of a training step, whose ranks
+      come to a collective from compute and not from the previous collective, skewed by the
+      barrier's exit. A call's time is the slowest rank's; a contender's time is the median over
+      its calls of every round (a best round would keep the luckiest calls). OSU's latency columns
+      come with it: each rank's mean per call, averaged, least and most over ranks. Where every
+      rank reads one clock (one host), two more say where a call's time goes: the barrier's exit
+      skew (the last rank's start less the first's) and the time from the last rank's start to
+      the last rank's end (the collective once everyone is in it).
 """
 
 from __future__ import annotations
@@ -22,6 +25,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import random
+import socket
 import statistics
 import time
 from typing import Callable, Sequence
@@ -36,7 +40,7 @@ DEVICE_COPY_BYTES = 256 << 20
 # --timing's choices, as the bench's and the tuner's headers describe them.
 TIMINGS = {
     "loop": "calls back to back, each waited for before the next (nccl-tests)",
-    "osu": "a barrier on the bootstrap group before each call, each call timed alone (OSU's osu_allreduce)",
+    "osu": "a barrier of the contender's own before each call, each call timed alone (OSU's osu_allreduce)",
 }
 
 
@@ -64,11 +68,20 @@ class RankLatency:
 
 
 @dataclasses.dataclass(frozen=True)
+class CallBreakdown:
+    """Where an osu call's time goes, medians over calls, in seconds."""
+
+    exit_skew: float  # the last rank's start less the first's: how far apart the barrier let them go
+    after_last: float  # the last rank's start to the last rank's end: the collective once all are in
+
+
+@dataclasses.dataclass(frozen=True)
 class Measured:
     """One contender's time per call, the same on every rank."""
 
     seconds: float  # loop: the best round's mean on the slowest rank; osu: the median call's, slowest rank
     latency: RankLatency | None = None  # osu only
+    breakdown: CallBreakdown | None = None  # osu on one clock only
 
 
 def time_calls(call: Callable[[], None], calls: int, warmup: int, bootstrap: dist.ProcessGroup,
@@ -87,22 +100,22 @@ def time_calls(call: Callable[[], None], calls: int, warmup: int, bootstrap: dis
     return (time.perf_counter() - start) / calls
 
 
-def time_each_call(call: Callable[[], None], calls: int, warmup: int, bootstrap: dist.ProcessGroup,
-                   synchronize: Callable[[], None]) -> list[float]:
-    """Seconds of each of `calls` calls on this rank, after `warmup` untimed calls; each call
-    starts after a barrier on `bootstrap`, so that its ranks arrive as they leave the barrier and
-    not as they left the previous call, and is waited for before its clock stops."""
+def time_each_call(call: Callable[[], None], calls: int, warmup: int, barrier: Callable[[], None],
+                   synchronize: Callable[[], None]) -> list[tuple[float, float]]:
+    """Start and end (time.perf_counter) of each of `calls` calls on this rank, after `warmup`
+    untimed calls; each call starts after `barrier`, so that its ranks arrive as they leave the
+    barrier and not as they left the previous call, and is waited for before its clock stops."""
     for _ in range(warmup):
         call()
     synchronize()
-    seconds = []
+    spans = []
     for _ in range(calls):
-        dist.barrier(group=bootstrap)
+        barrier()
         start = time.perf_counter()
         call()
         synchronize()
-        seconds.append(time.perf_counter() - start)
-    return seconds
+        spans.append((start, time.perf_counter()))
+    return spans
 
 
 def round_order(count: int, round_index: int) -> list[int]:
@@ -129,16 +142,15 @@ def _nothing(*_) -> None:
 def timed_rounds(calls: Sequence[Callable[[], None]], plan: RoundPlan, bootstrap: dist.ProcessGroup,
                  time_round: Callable[..., list[float]], synchronize: Callable[[], None],
                  reset: Callable[[], None], timed: Callable[[int], None]) -> list[list[list[float]]]:
-    """This rank's seconds, [round][contender] -> what `time_round` returned for that contender's
-    round (one mean per round, or one figure per call). `reset` runs before each contender's
-    round, `timed(index)` after it."""
+    """This rank's seconds, [round][contender] -> what `time_round(index, calls, warmup, bootstrap,
+    synchronize)` returned for that contender's round (one mean per round, or one figure per
+    call). `reset` runs before each contender's round, `timed(index)` after it."""
     seconds: list[list[list[float]]] = [[[] for _ in calls] for _ in range(plan.rounds)]
     round_calls = [plan.iters] * len(calls)
     for round_index in range(plan.rounds):
         for index in round_order(len(calls), round_index):
             reset()
-            seconds[round_index][index] = time_round(calls[index], round_calls[index], plan.warmup, bootstrap,
-                                                     synchronize)
+            seconds[round_index][index] = time_round(index, round_calls[index], plan.warmup, bootstrap, synchronize)
             timed(index)
         if round_index == 0 and plan.rounds > 1 and plan.min_round_ms > 0:
             first = torch.tensor([statistics.fmean(figures) for figures in seconds[0]], dtype=torch.float64)
@@ -155,52 +167,79 @@ def best_round_seconds(calls: Sequence[Callable[[], None]], plan: RoundPlan, boo
     waits for the device after each call; `reset` runs before each contender's round (so that
     each starts from the same data); `timed(index)` after it."""
     # time_calls looked up at each call, where a test replaces it.
-    seconds = timed_rounds(calls, plan, bootstrap, lambda *round_arguments: [time_calls(*round_arguments)],
+    seconds = timed_rounds(calls, plan, bootstrap,
+                           lambda index, *round_arguments: [time_calls(calls[index], *round_arguments)],
                            synchronize, reset, timed)
     per_round = torch.tensor([[mean for [mean] in contenders] for contenders in seconds], dtype=torch.float64)
     dist.all_reduce(per_round, op=dist.ReduceOp.MAX, group=bootstrap)
     return per_round.min(dim=0).values.tolist()
 
 
-def measured_from_calls(per_rank_calls: torch.Tensor) -> Measured:
-    """One contender's figures from every rank's seconds of each call, [ranks, calls], call i of
-    every rank after the same barrier: the median over calls of the slowest rank's time of that
-    call, and OSU's latency columns over the ranks' means."""
-    slowest = per_rank_calls.max(dim=0).values
-    rank_means = per_rank_calls.mean(dim=1)
-    return Measured(seconds=statistics.median(slowest.tolist()),
+def measured_from_calls(starts: torch.Tensor, ends: torch.Tensor, one_clock: bool = False) -> Measured:
+    """One contender's figures from every rank's start and end of each call, [ranks, calls]
+    (time.perf_counter), call i of every rank after the same barrier: the median over calls of
+    the slowest rank's time of that call, OSU's latency columns over the ranks' means, and, where
+    the ranks' clocks are one (`one_clock`: one host), the call's breakdown."""
+    seconds = ends - starts
+    rank_means = seconds.mean(dim=1)
+    breakdown = None
+    if one_clock:
+        last_start = starts.max(dim=0).values
+        breakdown = CallBreakdown(
+            exit_skew=statistics.median((last_start - starts.min(dim=0).values).tolist()),
+            after_last=statistics.median((ends.max(dim=0).values - last_start).tolist()))
+    return Measured(seconds=statistics.median(seconds.max(dim=0).values.tolist()),
                     latency=RankLatency(avg=rank_means.mean().item(), min=rank_means.min().item(),
-                                        max=rank_means.max().item()))
+                                        max=rank_means.max().item()),
+                    breakdown=breakdown)
 
 
-def gather_calls(per_contender: list[list[float]], bootstrap: dist.ProcessGroup) -> list[torch.Tensor]:
-    """Every rank's seconds of each call, [ranks, calls] per contender, from this rank's: every
-    rank makes as many calls of a contender as the others."""
-    mine = torch.tensor([seconds for calls in per_contender for seconds in calls], dtype=torch.float64)
+def gather_calls(per_contender: list[list[tuple[float, float]]],
+                 bootstrap: dist.ProcessGroup) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """Every rank's starts and ends of each call, two [ranks, calls] tensors per contender, from
+    this rank's: every rank makes as many calls of a contender as the others."""
+    mine = torch.tensor([value for spans in per_contender for span in spans for value in span], dtype=torch.float64)
     ranks = [torch.empty_like(mine) for _ in range(dist.get_world_size(bootstrap))]
     dist.all_gather(ranks, mine, group=bootstrap)
-    return list(torch.stack(ranks).split([len(calls) for calls in per_contender], dim=1))
+    spans = torch.stack(ranks).view(len(ranks), -1, 2)
+    return [(part[:, :, 0], part[:, :, 1]) for part in spans.split([len(calls) for calls in per_contender], dim=1)]
+
+
+def one_clock(bootstrap: dist.ProcessGroup) -> bool:
+    """Whether every rank of `bootstrap` runs on this host, so that their perf_counter clocks
+    (CLOCK_MONOTONIC) are one."""
+    hosts: list[str] = [""] * dist.get_world_size(bootstrap)
+    dist.all_gather_object(hosts, socket.gethostname(), group=bootstrap)
+    return len(set(hosts)) == 1
 
 
 def osu_measurements(calls: Sequence[Callable[[], None]], plan: RoundPlan, bootstrap: dist.ProcessGroup,
-                synchronize: Callable[[], None] = _nothing, reset: Callable[[], None] = _nothing,
-                timed: Callable[[int], None] = _nothing) -> list[Measured]:
-    """Each of `calls` timed call by call after a barrier (time_each_call) in every round, the
-    same on every rank of `bootstrap`: measured_from_calls over its calls of all rounds together."""
+                     synchronize: Callable[[], None] = _nothing, reset: Callable[[], None] = _nothing,
+                     timed: Callable[[int], None] = _nothing,
+                     barriers: Sequence[Callable[[], None]] | None = None) -> list[Measured]:
+    """Each of `calls` timed call by call after its barrier (time_each_call) in every round, the
+    same on every rank of `bootstrap`: measured_from_calls over its calls of all rounds together.
+    `barriers`: each contender's own, by default one on `bootstrap`."""
+    if barriers is None:
+        barriers = [lambda: dist.barrier(group=bootstrap)] * len(calls)
     # time_each_call looked up at each call, where a test replaces it.
-    seconds = timed_rounds(calls, plan, bootstrap, lambda *round_arguments: time_each_call(*round_arguments),
+    seconds = timed_rounds(calls, plan, bootstrap,
+                           lambda index, count, warmup, _, synchronize: time_each_call(
+                               calls[index], count, warmup, barriers[index], synchronize),
                            synchronize, reset, timed)
-    per_contender = [[call for contenders in seconds for call in contenders[index]] for index in range(len(calls))]
-    return [measured_from_calls(per_rank_calls) for per_rank_calls in gather_calls(per_contender, bootstrap)]
+    per_contender = [[span for contenders in seconds for span in contenders[index]] for index in range(len(calls))]
+    clock = one_clock(bootstrap)
+    return [measured_from_calls(starts, ends, clock) for starts, ends in gather_calls(per_contender, bootstrap)]
 
 
 def time_contenders(calls: Sequence[Callable[[], None]], plan: RoundPlan, bootstrap: dist.ProcessGroup,
                     synchronize: Callable[[], None] = _nothing, reset: Callable[[], None] = _nothing,
-                    timed: Callable[[int], None] = _nothing) -> list[Measured]:
+                    timed: Callable[[int], None] = _nothing,
+                    barriers: Sequence[Callable[[], None]] | None = None) -> list[Measured]:
     """Each contender's time per call as plan.timing measures it (best_round_seconds or
     osu_measurements, which say what the arguments do)."""
     if plan.timing == "osu":
-        return osu_measurements(calls, plan, bootstrap, synchronize, reset, timed)
+        return osu_measurements(calls, plan, bootstrap, synchronize, reset, timed, barriers)
     return [Measured(seconds) for seconds in best_round_seconds(calls, plan, bootstrap, synchronize, reset, timed)]
 
 
