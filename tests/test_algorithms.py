@@ -138,7 +138,9 @@ def _case_algorithm_for(ctx):
     expected = {("allreduce", 0): "recursive_doubling", ("allreduce", 8192): "recursive_doubling",
                 ("allreduce", 8193): "ring", ("allreduce", 1 << 20): "ring",
                 ("allreduce", (1 << 20) + 1): "torus", ("broadcast", 5): "chain",
-                ("alltoall", 5): "pairwise", ("barrier", 0): "dissemination"}
+                ("alltoall", 5): "pairwise",
+                # Over shared memory the barrier is the flags', else the messages'.
+                ("barrier", 0): "shared_memory" if os.environ.get("TORUS_TRANSPORT") == "shm" else "dissemination"}
     problems = [f"algorithm_for{key} = {torch_torus.algorithm_for(*key, group)}, expected {value}"
                 for key, value in expected.items() if torch_torus.algorithm_for(*key, group) != value]
     try:

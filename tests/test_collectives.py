@@ -461,6 +461,13 @@ def test_barrier(backend, world_size):
     harness.check(backend, world_size, _case_barrier)
 
 
+@pytest.mark.parametrize("algorithm", ["shared_memory", "dissemination"])
+@pytest.mark.parametrize("world_size", [3, 8], ids=lambda w: f"ws{w}")
+def test_barrier_algorithms(backend, world_size, algorithm):
+    # Each asked for by name: shared_memory runs over shm, and as dissemination elsewhere.
+    harness.check(backend, world_size, _case_barrier, env={"TORUS_BARRIER": algorithm})
+
+
 # ------------------------------------------------------------------------------ point to point
 
 

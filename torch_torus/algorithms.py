@@ -72,9 +72,14 @@ def markdown_table() -> str:
     lines = ["| collective | algorithm | needs (else runs instead) | torus column | auto |", "|---|---|---|---|---|"]
     for a in CATALOG:
         needs = ", ".join(f"{r.need.replace('_', ' ')} (else {r.instead})" for r in a.needs) or "-"
+        # Entries for every size: the first is the automatic choice, the rest run where asked for
+        # or in its place.
+        unbounded = [b for b in BY_COLLECTIVE[a.collective] if b.auto_up_to_bytes >= (1 << 64) - 1]
         if a.auto_up_to_bytes == 0:
             auto = "cost model"
-        elif len(BY_COLLECTIVE[a.collective]) == 1:
+        elif a in unbounded and a is not unbounded[0]:
+            auto = "where asked for, or instead"
+        elif len(BY_COLLECTIVE[a.collective]) == len(unbounded):
             auto = "always"
         elif a.auto_up_to_bytes >= (1 << 64) - 1:
             auto = "above the others"

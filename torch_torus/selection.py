@@ -17,6 +17,8 @@ def size_thresholds(collective: str) -> tuple[Rule, ...]:
     thresholds: a latency-bound algorithm for small messages, the bandwidth-bound one above."""
     rules, lo = [], 0
     for entry in sorted(algorithms.BY_COLLECTIVE[collective], key=lambda a: a.auto_up_to_bytes):
+        if lo > MAX_BYTES:
+            break  # the ones left run only where they are asked for, or instead of another
         rules.append(Rule(entry.name, lo, min(entry.auto_up_to_bytes, MAX_BYTES)))
         lo = entry.auto_up_to_bytes + 1
     return tuple(rules)

@@ -30,6 +30,12 @@ const std::vector<CatalogEntry>& algorithmCatalog() {
       {"reduce", Algorithm::kBinomial, "binomial", {}, false, kAnySize},
       {"gather", Algorithm::kDirect, "direct", {}, false, kAnySize},
       {"scatter", Algorithm::kDirect, "direct", {}, false, kAnySize},
+      {"barrier",
+       Algorithm::kSharedMemoryBarrier,
+       "shared_memory",
+       {{Need::kSharedMemory, Algorithm::kDissemination}},
+       false,
+       kAnySize},
       {"barrier", Algorithm::kDissemination, "dissemination", {}, false, kAnySize},
   };
   return catalog;

@@ -25,6 +25,7 @@ enum class Algorithm : uint8_t {
   kChain,
   kPairwise,
   kDissemination,
+  kSharedMemoryBarrier,
 };
 
 // What an algorithm may need of the group it runs in.

@@ -4,6 +4,7 @@
 #include "backend/tensor_checks.h"
 #include "backend/tensor_staging.h"
 #include "collectives/barrier_dissemination.h"
+#include "collectives/barrier_shared_memory.h"
 #include "collectives/scatter_direct.h"
 
 namespace torus {
@@ -57,8 +58,16 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupTorus::scatter(std::vector<at::Tensor
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupTorus::barrier(const c10d::BarrierOptions& opts) {
-  return submit(CallDescription{c10d::OpType::BARRIER}, {}, {}, opts,
-                [](Comm& comm, DeviceCall*) { barrier_dissemination(comm); });
+  const Algorithm algorithm = dispatch_.algorithmFor("barrier", 0);
+  CallDescription call{c10d::OpType::BARRIER};
+  call.algorithm = algorithm;
+  return submit(call, {}, {}, opts, [algorithm](Comm& comm, DeviceCall*) {
+    if (algorithm == Algorithm::kSharedMemoryBarrier) {
+      barrier_shared_memory(comm);
+    } else {
+      barrier_dissemination(comm);
+    }
+  });
 }
 
 } // namespace torus
