@@ -30,7 +30,9 @@ from collections import defaultdict
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-ONECCL_ALGORITHMS = ("direct", "rabenseifner", "nreduce", "ring", "double_tree", "recursive_doubling")
+BACKEND_NAME = "torus"
+# oneCCL's names (CCL_ALLREDUCE), not torus's algorithms.
+ONECCL_ALGORITHMS = "direct rabenseifner nreduce ring double_tree recursive_doubling".split()
 # (sizes, calls, warmup) per part: small sizes need many calls, 64 MiB few.
 PARTS = ((["-b", "4K", "-e", "1M", "-f", "16"], 200, 20), (["-b", "64M", "-e", "64M"], 10, 2))
 # The waiting each MPI is best at on oversubscribed cores (BENCHMARKS.md, "Waiting settings
@@ -102,7 +104,7 @@ def main() -> None:
                     for row in bench_rows(json_path):
                         if row["wrong"]:
                             raise SystemExit(f"wrong results: {row}")
-                        name = "torus" if row["backend"] == "torus" else library
+                        name = BACKEND_NAME if row["backend"] == BACKEND_NAME else library
                         figures[(ranks, name, row["size_bytes"])].append(row["time_us"])
     summary = {f"{r}|{c}|{s}": v for (r, c, s), v in figures.items()}
     (args.out / "figures.json").write_text(json.dumps(summary, indent=1))
@@ -119,7 +121,7 @@ def print_table(figures: dict[tuple[int, str, int], list[float]]) -> None:
         print("| size | torus | MPICH | Open MPI | oneCCL best (algorithm) | torus / Open MPI | torus / best peer |")
         print("|---|---|---|---|---|---|---|")
         for s in sizes:
-            torus, mpich, ompi = median[("torus", s)], median[("mpich", s)], median[("openmpi", s)]
+            torus, mpich, ompi = median[(BACKEND_NAME, s)], median[("mpich", s)], median[("openmpi", s)]
             one, algorithm = best_oneccl[s]
             print(f"| {s} | {torus:.1f} | {mpich:.1f} | {ompi:.1f} | {one:.1f} ({algorithm[7:]}) | "
                   f"{torus / ompi:.2f} | {torus / min(mpich, ompi, one):.2f} |")
