@@ -7,6 +7,7 @@
 #include <unistd.h>
 
 #include <atomic>
+#include <cstdlib>
 #include <cstring>
 #include <stdexcept>
 
@@ -28,6 +29,9 @@ struct Library {
 
 const Library& library() {
   static const Library loaded = [] {
+    // rxm reads its buffer size once, when it loads; its packet header (under 1 KiB) comes on
+    // top of the eager payload. A user's setting wins.
+    ::setenv("FI_OFI_RXM_BUFFER_SIZE", std::to_string(Fabric::kEagerBytes + 1024).c_str(), 0);
     // The build's libfabric first (RUNPATH of this module), else the loader's search path.
     void* handle = ::dlopen("libfabric.so.1", RTLD_NOW | RTLD_LOCAL);
     if (handle == nullptr) {

@@ -38,6 +38,11 @@ const char* errorText(int error);
 
 class Fabric {
  public:
+  // Messages up to this size go eagerly (no rendezvous) through libfabric's rxm layer, whose
+  // buffers are raised to hold them (FI_OFI_RXM_BUFFER_SIZE, unless the user set it) before
+  // libfabric is loaded.
+  static constexpr size_t kEagerBytes = 32 * 1024;
+
   // Opens an endpoint of `provider` (libfabric's own choice, FI_PROVIDER honoured, when empty)
   // bound to `address` where the provider takes one. Throws std::runtime_error saying what
   // libfabric offers instead.
