@@ -1,6 +1,8 @@
 #include "backend/algorithm_dispatch.h"
 
 #include "backend/tensor_checks.h"
+#include "collectives/barrier_dissemination.h"
+#include "collectives/barrier_shared_memory.h"
 #include "collectives/broadcast_binomial.h"
 #include "collectives/broadcast_chain.h"
 #include "collectives/direct_allgather.h"
@@ -144,6 +146,14 @@ void AlgorithmDispatch::broadcast(Algorithm algorithm, Comm& comm, void* buf, si
     broadcast_chain(comm, buf, nbytes, root, chunking_);
   } else {
     broadcast_binomial(comm, buf, nbytes, root, chunking_);
+  }
+}
+
+void AlgorithmDispatch::barrier(Algorithm algorithm, Comm& comm) {
+  if (algorithm == Algorithm::kSharedMemoryBarrier) {
+    barrier_shared_memory(comm);
+  } else {
+    barrier_dissemination(comm);
   }
 }
 

@@ -41,6 +41,7 @@ class AlgorithmDispatch {
   void reduceScatter(Algorithm algorithm, Comm& comm, void* buf, const Blocks& blocks, const Reducer& reducer);
   void broadcast(Algorithm algorithm, Comm& comm, void* buf, size_t nbytes, int root);
   void reduce(Comm& comm, void* buf, size_t count, const Reducer& reducer, int root);
+  void barrier(Algorithm algorithm, Comm& comm);
 
   // The device forms (collectives/device/), on device memory through `path`: each runs by its
   // Comm's device route (arenas on one host, else staged through pinned host memory). Allreduce

@@ -3,8 +3,6 @@
 #include "backend/process_group_torus.h"
 #include "backend/tensor_checks.h"
 #include "backend/tensor_staging.h"
-#include "collectives/barrier_dissemination.h"
-#include "collectives/barrier_shared_memory.h"
 #include "collectives/scatter_direct.h"
 
 namespace torus {
@@ -61,13 +59,8 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupTorus::barrier(const c10d::BarrierOpt
   const Algorithm algorithm = dispatch_.algorithmFor("barrier", 0);
   CallDescription call{c10d::OpType::BARRIER};
   call.algorithm = algorithm;
-  return submit(call, {}, {}, opts, [algorithm](Comm& comm, DeviceCall*) {
-    if (algorithm == Algorithm::kSharedMemoryBarrier) {
-      barrier_shared_memory(comm);
-    } else {
-      barrier_dissemination(comm);
-    }
-  });
+  return submit(call, {}, {}, opts,
+                [this, algorithm](Comm& comm, DeviceCall*) { dispatch_.barrier(algorithm, comm); });
 }
 
 } // namespace torus

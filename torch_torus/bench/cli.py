@@ -188,7 +188,8 @@ def main(argv: list[str] | None = None) -> None:
     report(header(collective, args, hostnames) + table.header_lines())
     rows_by_size = []
     for count in counts_to_measure(collective, args):
-        rows = measure_size(count, collective, args, pattern, bootstrap, device, synchronize)
+        rows = measure_size(count, collective, args, pattern, bootstrap, device, synchronize,
+                            one_host=len(set(hostnames)) == 1)
         rows_by_size.append(rows)
         report([table.row_line(rows)])
     report(summary(rows_by_size, args))

@@ -72,7 +72,7 @@ def check_contender(collective: Collective, buffers: Buffers, count: int, call: 
 
 def measure_size(count: int, collective: Collective, args: argparse.Namespace,
                  pattern: CheckPattern, bootstrap: dist.ProcessGroup, device: torch.device,
-                 synchronize: Callable[[], None]) -> list[Row]:
+                 synchronize: Callable[[], None], one_host: bool = False) -> list[Row]:
     contenders = args.contenders
     dtype = DTYPES[args.dtype]
     size_bytes = collective.size_bytes(count, dtype.itemsize)
@@ -82,7 +82,7 @@ def measure_size(count: int, collective: Collective, args: argparse.Namespace,
     # Each contender starts from the same data: an in-place allreduce repeated grows its values.
     measured = time_contenders(calls, RoundPlan.of(args), bootstrap, synchronize=synchronize,
                                reset=lambda: collective.fill(buffers, pattern),
-                               barriers=[contender.barrier for contender in contenders])
+                               barriers=[contender.barrier for contender in contenders], one_clock=one_host)
     wrong: list[int | None] = [None] * len(calls)
     if args.check:
         wrong_tensor = torch.tensor([check_contender(collective, buffers, count, call, pattern, synchronize)

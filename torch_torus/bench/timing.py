@@ -25,7 +25,6 @@ from __future__ import annotations
 import dataclasses
 import math
 import random
-import socket
 import statistics
 import time
 from typing import Callable, Sequence
@@ -205,21 +204,14 @@ def gather_calls(per_contender: list[list[tuple[float, float]]],
     return [(part[:, :, 0], part[:, :, 1]) for part in spans.split([len(calls) for calls in per_contender], dim=1)]
 
 
-def one_clock(bootstrap: dist.ProcessGroup) -> bool:
-    """Whether every rank of `bootstrap` runs on this host, so that their perf_counter clocks
-    (CLOCK_MONOTONIC) are one."""
-    hosts: list[str] = [""] * dist.get_world_size(bootstrap)
-    dist.all_gather_object(hosts, socket.gethostname(), group=bootstrap)
-    return len(set(hosts)) == 1
-
-
 def osu_measurements(calls: Sequence[Callable[[], None]], plan: RoundPlan, bootstrap: dist.ProcessGroup,
                      synchronize: Callable[[], None] = _nothing, reset: Callable[[], None] = _nothing,
                      timed: Callable[[int], None] = _nothing,
-                     barriers: Sequence[Callable[[], None]] | None = None) -> list[Measured]:
+                     barriers: Sequence[Callable[[], None]] | None = None, one_clock: bool = False) -> list[Measured]:
     """Each of `calls` timed call by call after its barrier (time_each_call) in every round, the
     same on every rank of `bootstrap`: measured_from_calls over its calls of all rounds together.
-    `barriers`: each contender's own, by default one on `bootstrap`."""
+    `barriers`: each contender's own, by default one on `bootstrap`; `one_clock`: every rank on
+    this host, so that their perf_counter clocks (CLOCK_MONOTONIC) are one."""
     if barriers is None:
         barriers = [lambda: dist.barrier(group=bootstrap)] * len(calls)
     # time_each_call looked up at each call, where a test replaces it.
@@ -228,18 +220,17 @@ def osu_measurements(calls: Sequence[Callable[[], None]], plan: RoundPlan, boots
                                calls[index], count, warmup, barriers[index], synchronize),
                            synchronize, reset, timed)
     per_contender = [[span for contenders in seconds for span in contenders[index]] for index in range(len(calls))]
-    clock = one_clock(bootstrap)
-    return [measured_from_calls(starts, ends, clock) for starts, ends in gather_calls(per_contender, bootstrap)]
+    return [measured_from_calls(starts, ends, one_clock) for starts, ends in gather_calls(per_contender, bootstrap)]
 
 
 def time_contenders(calls: Sequence[Callable[[], None]], plan: RoundPlan, bootstrap: dist.ProcessGroup,
                     synchronize: Callable[[], None] = _nothing, reset: Callable[[], None] = _nothing,
                     timed: Callable[[int], None] = _nothing,
-                    barriers: Sequence[Callable[[], None]] | None = None) -> list[Measured]:
+                    barriers: Sequence[Callable[[], None]] | None = None, one_clock: bool = False) -> list[Measured]:
     """Each contender's time per call as plan.timing measures it (best_round_seconds or
     osu_measurements, which say what the arguments do)."""
     if plan.timing == "osu":
-        return osu_measurements(calls, plan, bootstrap, synchronize, reset, timed, barriers)
+        return osu_measurements(calls, plan, bootstrap, synchronize, reset, timed, barriers, one_clock)
     return [Measured(seconds) for seconds in best_round_seconds(calls, plan, bootstrap, synchronize, reset, timed)]
 
 

@@ -6,8 +6,9 @@
 // The rank that first needs a peer dials it (a Hello: magic, rank, group size); the peer accepts
 // whenever it next makes progress. A rank that leaves or gives up writes a Farewell on each of
 // its lifelines — goodbye or fault, the bytes it put on the fabric stream to that peer and those
-// it read from the peer's, and why — then closes them; one that dies just closes them. So a peer knows how much of the stream to
-// read before the end is the end, and why the peer went when it can say.
+// it read from the peer's, and why — then closes them; one that dies just closes them. So a
+// peer knows how much of the stream to read before the end is the end, which of its sends
+// arrived, and why the peer went when it can say.
 #pragma once
 
 #include <poll.h>

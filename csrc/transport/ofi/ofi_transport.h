@@ -5,7 +5,7 @@
 // asked for) holds over any provider: tcp, verbs, psm2/3, cxi, efa, shm.
 //
 // Each pair of ranks has a stream each way: the sender copies the layer's bytes into chunks of
-// kChunkBytes (16 KiB) and sends each with fi_tsend tagged (kStreamTag | sender), into one of
+// kChunkBytes (32 KiB) and sends each with fi_tsend tagged (kStreamTag | sender), into one of
 // kSlots (32) receive buffers the receiver keeps posted for it. The provider keeps sends between
 // two endpoints in order (FI_ORDER_SAS), so chunks fill the slots in the order they were posted.
 // A sender holds one credit per free slot of the receiver and sends no chunk without one; the
