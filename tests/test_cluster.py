@@ -6,7 +6,8 @@ TORUS_TRANSPORT=auto picks TCP between hosts and the torus grid has one row per 
   by torchrun on each host (tests/cluster_case.py), between hosts over TCP, over OFI (libfabric's
   tcp provider) and over OFI alone;
 * the bench, briefly, with --check, started as srun would start it (the emulator's stand-in for
-  srun sets SLURM_* and no MASTER_ADDR: torch_torus.launch derives them);
+  srun sets SLURM_* and no MASTER_ADDR: torch_torus.launch derives them), and under a real
+  mpiexec with MPI as a contender and torus over OFI beside it (skipped without mpi4py);
 * the emulator leaves nothing behind, also when it is stopped by SIGTERM.
 
 Needs root, `ip netns`, tc and unshare; skips saying which is missing. Every run is bounded
@@ -16,6 +17,7 @@ whatever happens.
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import re
 import signal
@@ -30,7 +32,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 import harness  # noqa: E402
-from benchmarks.cluster import emulate  # noqa: E402
+from benchmarks.cluster import emulate, enter_host  # noqa: E402
 
 CASE = Path(__file__).resolve().with_name("cluster_case.py")
 RUN_LIMIT = 90  # seconds the emulator gives its hosts; the subprocess gets 30 more
@@ -122,6 +124,50 @@ def test_bench_across_hosts_under_srun(cluster_available, tmp_path):
         wrong = [columns[3], columns[8], columns[13]]
         assert wrong == ["0", "0", "0"], f"{size}: {row}"
         assert (columns[4], columns[9]) == ("ring", "torus"), f"{size}: {row}"
+
+
+def test_bench_across_hosts_under_mpiexec(cluster_available, tmp_path):
+    if importlib.util.find_spec("mpi4py") is None:
+        pytest.skip("mpi4py is not installed (pip install -e '.[mpi]')")
+    if emulate.default_mpiexec() is None:
+        pytest.skip("no mpiexec beside this Python or on PATH (pip install -e '.[mpi]')")
+    backends = "torus:transport=tcp;gloo;mpi"
+    if harness.without_ofi() is None:
+        backends += ";torus:transport=ofi"
+    status, output, results = run_cluster(
+        ["--hosts", "2", "--nproc-per-host", "1", "--launcher", "mpiexec",
+         "--env", "UCX_TLS=tcp,self", "--env", "UCX_NET_DEVICES=eth0",
+         "--env", "OMPI_ALLOW_RUN_AS_ROOT=1", "--env", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1", "--",
+         sys.executable, "-m", "torch_torus.bench", "-b", "4K", "-e", "64K", "-f", "16", "-n", "2",
+         "-w", "1", "--check", "--backends", backends], tmp_path)
+    assert status == 0, output
+    # One rank in each namespace, started by mpiexec through enter_host.py.
+    assert "# 2 ranks on 2 hosts: node0 (1), node1 (1)" in output, output
+    assert re.search(r"\[3\] mpi +(MPICH|Open MPI)", output), output
+    rows = re.findall(r"^\s+(4096|65536)\s+\d+\s+float32\s+sum\s+-1\s+(.*)$", output, re.MULTILINE)
+    assert [size for size, _ in rows] == ["4096", "65536"], output
+    for size, row in rows:
+        columns = row.split()
+        # time algbw busbw #wrong algorithm (torus), then time algbw busbw #wrong (gloo, mpi)
+        wrong = [columns[3], columns[8], columns[12]] + ([columns[16]] if len(columns) > 16 else [])
+        assert set(wrong) == {"0"}, f"{size}: {row}"
+
+
+@pytest.mark.parametrize("argv, host, command", [
+    (["node1", "orted", "--x"], "node1", "orted --x"),
+    (["-x", "node0", "hydra_pmi_proxy", "--control-port", "node0:1"], "node0",
+     "hydra_pmi_proxy --control-port node0:1"),
+    (["-l", "root", "-o", "BatchMode=yes", "node1", "true"], "node1", "true"),
+])
+def test_enter_host_reads_an_ssh_command_line(argv, host, command):
+    argv_run = enter_host.command_for(argv, {"node0": "torus-h0-1", "node1": "torus-h1-1"})
+    assert argv_run[:4] == ["ip", "netns", "exec", f"torus-h{host[-1]}-1"]
+    assert argv_run[-2:] == [host, command]
+
+
+def test_enter_host_names_an_unknown_host():
+    with pytest.raises(SystemExit, match="'node7' is not in the emulated cluster"):
+        enter_host.command_for(["node7", "true"], {"node0": "torus-h0-1"})
 
 
 def test_teardown_on_sigterm(cluster_available, tmp_path):

@@ -20,6 +20,9 @@ Then one command per host runs inside its namespace, started by a launcher:
             SLURM_JOB_NODELIST="node[0-1]", ...), no MASTER_ADDR: a stand-in for srun
   mpi       P processes per host with Open MPI's mpiexec variables (OMPI_COMM_WORLD_RANK, ...)
             and MASTER_ADDR/MASTER_PORT, as `mpiexec -x MASTER_ADDR -x MASTER_PORT` passes them
+  mpiexec   a real mpiexec (MPICH's Hydra or Open MPI's, --mpiexec) on node0 starts P ranks per
+            host; it reaches the other hosts through enter_host.py as its remote shell, and the
+            ranks get MASTER_ADDR/MASTER_PORT: the bench's mpi contender across hosts
   none      your command once per host as it is
 
 In every command {node_rank}, {nnodes}, {nproc}, {hostname}, {addr}, {master_addr},
@@ -48,11 +51,14 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from .enter_host import NAMESPACES_VARIABLE
+
 NAME_PREFIX = "torus-"
 NAME_PATTERN = re.compile(r"^torus-(h\d+|br)-(\d+)$")
 NETNS_ETC = Path("/etc/netns")
 REPO_ROOT = Path(__file__).resolve().parents[2]
 LINKTEST = Path(__file__).resolve().with_name("linktest.py")
+ENTER_HOST = Path(__file__).resolve().with_name("enter_host.py")
 
 # Launcher variables a host's processes must not inherit from the caller's environment: they
 # would describe the caller's job, not the emulated one.
@@ -328,11 +334,46 @@ def tasks_per_node(counts: list[int]) -> str:
     return ",".join(f"{c}(x{n})" if n > 1 else str(c) for c, n in groups)
 
 
+def default_mpiexec() -> str | None:
+    """The mpiexec beside this Python (where pip puts the MPI from PyPI), else one on PATH."""
+    beside = Path(sys.executable).with_name("mpiexec")
+    return str(beside) if os.access(beside, os.X_OK) else shutil.which("mpiexec")
+
+
+def mpiexec_argv(cluster: Cluster, nproc: int, mpiexec: str) -> list[str]:
+    """mpiexec starting nproc ranks on every host, the remote ones through enter_host.py."""
+    version = subprocess.run([mpiexec, "--version"], capture_output=True, text=True, timeout=60)
+    agent = str(ENTER_HOST)
+    world = str(cluster.hosts * nproc)
+    if "Open MPI" in version.stdout + version.stderr:
+        hosts = ",".join(f"{h.hostname}:{nproc}" for h in cluster.members)
+        return [mpiexec, "--host", hosts, "-n", world, "--bind-to", "none",
+                "--mca", "plm_ssh_agent", agent]
+    hosts = ",".join(h.hostname for h in cluster.members)
+    return [mpiexec, "-hosts", hosts, "-ppn", str(nproc), "-n", world,
+            "-launcher", "ssh", "-launcher-exec", agent]
+
+
 def plan(cluster: Cluster, launcher: str, nproc: int, argv: list[str], master_port: int,
-         base_env: dict[str, str], results: Path, max_restarts: int = 0) -> list[Process]:
+         base_env: dict[str, str], results: Path, max_restarts: int = 0,
+         mpiexec: str | None = None) -> list[Process]:
     """The processes to start, one list entry per process, in host order. `max_restarts`:
-    torchrun's, on each host."""
+    torchrun's, on each host; `mpiexec`: the mpiexec launcher's."""
     processes = []
+    if launcher == "mpiexec":
+        if mpiexec is None:
+            raise ClusterError("--launcher mpiexec: no mpiexec beside this Python or on PATH "
+                               "(--mpiexec PATH)")
+        env = dict(base_env, MASTER_ADDR=cluster.master.address, MASTER_PORT=str(master_port))
+        env[NAMESPACES_VARIABLE] = ",".join(f"{h.hostname}={h.netns}" for h in cluster.members)
+        if nproc > 1:
+            env.setdefault("OMP_NUM_THREADS", "1")
+        command = substitute(argv, {"nnodes": str(cluster.hosts), "nproc": str(nproc),
+                                    "master_addr": cluster.master.address,
+                                    "master_port": str(master_port), "results": str(results),
+                                    "link_bits": str(int(cluster.rate_bits or 0))})
+        return [Process(cluster.master, mpiexec_argv(cluster, nproc, mpiexec) + command, env,
+                        cluster.master.hostname)]
     world = cluster.hosts * nproc
     for h in cluster.members:
         values = {"node_rank": str(h.index), "nnodes": str(cluster.hosts), "nproc": str(nproc),
@@ -540,9 +581,12 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--subnet", default="10.213.0.0/24",
                         help="host addresses come from this private range, node<i> = host i+1 "
                              "(default: %(default)s)")
-    parser.add_argument("--launcher", choices=["torchrun", "srun", "mpi", "none"],
+    parser.add_argument("--launcher", choices=["torchrun", "srun", "mpi", "mpiexec", "none"],
                         default="torchrun", help="how each host starts its ranks (default: "
                                                  "%(default)s; see above)")
+    parser.add_argument("--mpiexec", default=default_mpiexec(), metavar="PATH",
+                        help="the mpiexec of --launcher mpiexec (default: beside this Python, "
+                             "else on PATH: %(default)s)")
     parser.add_argument("--master-port", type=int, default=29500,
                         help="rendezvous port on node0 (default: %(default)s)")
     parser.add_argument("--max-restarts", type=int, default=0,
@@ -619,7 +663,7 @@ def main(argv: list[str] | None = None) -> int:
         if command:
             env = clean_env(args.env)
             processes = plan(cluster, args.launcher, args.nproc, command, args.master_port, env,
-                             results, args.max_restarts)
+                             results, args.max_restarts, args.mpiexec)
             for p in processes[:: max(1, len(processes) // args.hosts)]:
                 print(f"cluster: {p.label}: {shlex.join(p.argv)}", flush=True)
             start = time.monotonic()

@@ -164,7 +164,9 @@ def main(argv: list[str] | None = None) -> None:
     if not 0 <= args.root < world_size:
         raise SystemExit(f"--root {args.root} is not a rank of {world_size}")
     args.device_copy = measured_device_copy(device, rank, bootstrap) if args.device == "cuda" else None
-    for contender in args.contenders:
+    # MPI first: an MPI that brings its own libfabric needs it loaded before torus's ofi
+    # transport loads the system's under the same name (libfabric.so.1).
+    for contender in sorted(args.contenders, key=lambda c: c.backend != MPI_CONTENDER):
         if contender.backend == MPI_CONTENDER:
             start_mpi_contender(contender, mpi_launch)
         else:
@@ -173,7 +175,14 @@ def main(argv: list[str] | None = None) -> None:
             if contender.backend == "torus":
                 import torch_torus
 
-                contender.transport = torch_torus._torus_backend(contender.group, "bench").config.transport
+                backend = torch_torus._torus_backend(contender.group, "bench")
+                contender.transport = backend.config.transport
+                if contender.transport.endswith("ofi"):
+                    # Which provider, and which libfabric: an MPI loaded first lends its own.
+                    detail = backend.transport_description
+                    if contender.transport != "ofi":
+                        detail = f"{contender.transport}: {detail}"
+                    contender.transport = detail
 
     hostnames: list[str] = [""] * world_size
     dist.all_gather_object(hostnames, socket.gethostname(), group=bootstrap)
