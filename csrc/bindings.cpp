@@ -104,6 +104,7 @@ PYBIND11_MODULE(_C, module) {
            py::arg("store"), py::arg("rank"), py::arg("size"), py::arg("timeout"), py::arg("config"),
            py::arg("group_name"), py::call_guard<py::gil_scoped_release>())
       .def_property_readonly("config", &torus::ProcessGroupTorus::config)
+      .def_property_readonly("transport_description", &torus::ProcessGroupTorus::transportDescription)
       .def(
           "algorithm_for",
           [](const torus::ProcessGroupTorus& group, const std::string& collective, uint64_t nbytes) {

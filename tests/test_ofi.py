@@ -10,6 +10,8 @@ timeout suites run over it as over every transport: TRANSPORT_CONTRACT in those 
 Skips, saying why, in a build without libfabric.
 """
 
+import re
+
 import pytest
 import torch_torus
 
@@ -146,3 +148,5 @@ def test_each_provider_runs_and_is_named(provider):
     harness.check(OFI, 2, _case_allreduce, "ring", env={"TORUS_OFI_PROVIDER": provider}, timeout=120)
     logs = harness.run_job(OFI, 2, _case_startup, env={"TORUS_OFI_PROVIDER": provider}, timeout=60)
     assert f"over ofi: {provider}" in logs[0], logs[0]
+    # Which libfabric: the process may hold another than the build's (an MPI's, loaded first).
+    assert re.search(r"libfabric \d+\.\d+\)", logs[0]), logs[0]

@@ -19,6 +19,7 @@ ProcessGroupTorus::ProcessGroupTorus(const c10::intrusive_ptr<c10d::Store>& stor
       dispatch_(config_, size) {
   GroupTransport group = buildTransport(store, rank, size, timeout, config_, groupName_);
   transport_ = std::move(group.transport);
+  transportDescription_ = group.description;
   std::vector<int> members(static_cast<size_t>(size));
   std::iota(members.begin(), members.end(), 0);
   traffic_ = std::make_shared<TrafficCounters>(std::move(group.sameHost));
@@ -37,7 +38,7 @@ ProcessGroupTorus::ProcessGroupTorus(const c10::intrusive_ptr<c10d::Store>& stor
                                                    std::make_shared<ArrivalBoard>(store, rank, size), failure_);
   direct_ = std::make_unique<DirectRegistration>(groupName_, this);
   if (config_.logLevel >= 1 && rank == 0) {
-    logLine(rank, "group '" + groupName_ + "' ready: " + std::to_string(size) + " ranks over " + group.description +
+    logLine(rank, "group '" + groupName_ + "' ready: " + std::to_string(size) + " ranks over " + transportDescription_ +
                       ", chunk " + std::to_string(config_.chunkBytes) + " bytes");
   }
 }

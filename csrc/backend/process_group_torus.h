@@ -43,6 +43,10 @@ class ProcessGroupTorus : public c10d::Backend {
   void setTimeout(std::chrono::milliseconds timeout) override {
     timeout_.store(timeout);
   }
+  // What carries the group's bytes, as the startup log says it ("ofi: tcp on eth0 (...)").
+  const std::string& transportDescription() const {
+    return transportDescription_;
+  }
   const TorusConfig& config() const {
     return config_;
   }
@@ -160,6 +164,7 @@ class ProcessGroupTorus : public c10d::Backend {
   std::string p2pContext(const std::string& what);
 
   TorusConfig config_;
+  std::string transportDescription_;
   std::string groupName_;
   std::atomic<std::chrono::milliseconds> timeout_;
   AlgorithmDispatch dispatch_;

@@ -37,7 +37,8 @@ class Contender:
     # The mpi contender's communicator (a duplicate of MPI.COMM_WORLD), instead of a group.
     comm: object | None = None
     library: str | None = None  # the mpi contender's: "Open MPI v5.0.11, mpi4py 4.1.2"
-    transport: str | None = None  # a torus contender's group's: "tcp", "shm" or "shm+tcp"
+    # A torus contender's group's: "tcp", "shm", "shm+tcp"; over ofi, with its provider.
+    transport: str | None = None
 
     def bind(self, collective: Collective, buffers: Buffers, op: str) -> Callable[[], None]:
         """One call of `collective` on `buffers`, ready to repeat: through torch.distributed on

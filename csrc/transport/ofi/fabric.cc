@@ -25,6 +25,7 @@ struct Library {
   decltype(&fi_dupinfo) dupinfo = nullptr;
   decltype(&fi_fabric) fabric = nullptr;
   decltype(&fi_strerror) strerror = nullptr;
+  decltype(&fi_version) version = nullptr;
 };
 
 const Library& library() {
@@ -32,6 +33,10 @@ const Library& library() {
     // rxm reads its buffer size once, when it loads; its packet header (under 1 KiB) comes on
     // top of the eager payload. A user's setting wins.
     ::setenv("FI_OFI_RXM_BUFFER_SIZE", std::to_string(Fabric::kEagerBytes + 1024).c_str(), 0);
+    // A libfabric built with the psm provider loads libinfinipath, which takes over SIGSEGV and
+    // friends when it loads: a crash then leaves <program>-<pid>.btr files in the working
+    // directory instead of Python's faulthandler stacks. Unless the user asked for them.
+    ::setenv("IPATH_NO_BACKTRACE", "1", 0);
     // The build's libfabric first (RUNPATH of this module), else the loader's search path.
     void* handle = ::dlopen("libfabric.so.1", RTLD_NOW | RTLD_LOCAL);
     if (handle == nullptr) {
@@ -44,9 +49,11 @@ const Library& library() {
     library.dupinfo = reinterpret_cast<decltype(&fi_dupinfo)>(::dlsym(handle, "fi_dupinfo"));
     library.fabric = reinterpret_cast<decltype(&fi_fabric)>(::dlsym(handle, "fi_fabric"));
     library.strerror = reinterpret_cast<decltype(&fi_strerror)>(::dlsym(handle, "fi_strerror"));
-    if (!library.getinfo || !library.freeinfo || !library.dupinfo || !library.fabric || !library.strerror) {
+    library.version = reinterpret_cast<decltype(&fi_version)>(::dlsym(handle, "fi_version"));
+    if (!library.getinfo || !library.freeinfo || !library.dupinfo || !library.fabric || !library.strerror ||
+        !library.version) {
       throw std::runtime_error("torus: the libfabric.so.1 found lacks fi_getinfo, fi_freeinfo, fi_dupinfo, "
-                               "fi_fabric or fi_strerror");
+                               "fi_fabric, fi_strerror or fi_version");
     }
     return library;
   }();
@@ -213,6 +220,8 @@ bool Fabric::registersLocal() const {
 }
 
 std::string Fabric::describe() const {
+  // The process may hold another libfabric than the build's: an MPI's, loaded first.
+  const uint32_t version = library().version();
   const int mode = info_->domain_attr->mr_mode;
   std::string registration;
   for (auto [bit, name] : {std::pair{FI_MR_LOCAL, "local"}, {FI_MR_VIRT_ADDR, "virtual addresses"},
@@ -224,7 +233,8 @@ std::string Fabric::describe() const {
   }
   return std::string(providerName()) + " on " + info_->domain_attr->name + " (tagged" +
          (rma_ ? ", RMA" : ", no RMA") + ", memory registration: " + (registration.empty() ? "none needed" : registration) + ", inject " +
-         std::to_string(injectBytes()) + " B" + (waitFd_ < 0 ? ", polled" : "") + ")";
+         std::to_string(injectBytes()) + " B" + (waitFd_ < 0 ? ", polled" : "") + ", libfabric " +
+         std::to_string(FI_MAJOR(version)) + "." + std::to_string(FI_MINOR(version)) + ")";
 }
 
 bool Fabric::registerMemory(const void* buf, size_t n, uint64_t access, Region* region, std::string* why) {

@@ -59,7 +59,7 @@ class Fabric {
   }
   // A peer's address (its name()) as libfabric's handle for it. Throws std::runtime_error.
   fi_addr_t insert(const std::string& name);
-  // "tcp;ofi_rxm on lo (tagged, RMA reads, memory registration: none needed, inject 64 B)".
+  // "tcp;ofi_rxm on lo (tagged, RMA, memory registration: none needed, inject 64 B, libfabric 1.17)".
   std::string describe() const;
   const char* providerName() const;
   bool offersRma() const {
