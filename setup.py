@@ -28,7 +28,10 @@ from torch.utils.cpp_extension import CUDA_HOME, BuildExtension, CppExtension, C
 
 ROOT = os.path.dirname(os.path.abspath(__file__))
 # No -std: torch's build adds the standard its headers need (C++17 up to torch 2.11, C++20 since).
-CXX_FLAGS = ["-O3", "-Wall", "-Wno-unused-parameter"]
+# -g0 overrides the -g of Python's own CFLAGS: debug information for torch's templates was a
+# third of the build's time (a torch-heavy file: 16.7 s with it, 10.7 without; BENCHMARKS.md).
+# Stacks still name functions (the symbol table stays); the sanitizer builds keep -g.
+CXX_FLAGS = ["-O3", "-g0", "-Wall", "-Wno-unused-parameter"]
 LINK_FLAGS = []
 SANITIZER = os.environ.get("TORUS_SANITIZE", "")
 if SANITIZER not in ("", "address", "thread"):
