@@ -150,3 +150,6 @@ def test_each_provider_runs_and_is_named(provider):
     assert f"over ofi: {provider}" in logs[0], logs[0]
     # Which libfabric: the process may hold another than the build's (an MPI's, loaded first).
     assert re.search(r"libfabric \d+\.\d+\)", logs[0]), logs[0]
+    # The ranks share a host but not memory (the transport is ofi alone): the log says what runs
+    # in place of the barrier over shared memory, and why.
+    assert "barrier shared_memory runs as dissemination (no shared_memory)" in logs[0], logs[0]

@@ -101,6 +101,23 @@ Algorithm AlgorithmDispatch::usable(const CatalogEntry& entry, uint64_t nbytes) 
   return entry.algorithm;
 }
 
+std::string AlgorithmDispatch::standIns() const {
+  std::string text;
+  for (const auto& [collective, selection] : selection_) {
+    for (const auto& rule : selection.rules) {
+      for (const Requirement& requirement : rule.entry->needs) {
+        // A message's size decides kFitsSlot call by call, as the catalog table says.
+        if (requirement.need != Need::kFitsSlot && !has(requirement.need, rule.lo)) {
+          text += (text.empty() ? "" : "; ") + collective + " " + algorithmName(rule.entry->algorithm) + " runs as " +
+                  algorithmName(usable(*rule.entry, rule.lo)) + " (no " + needName(requirement.need) + ")";
+          break;
+        }
+      }
+    }
+  }
+  return text;
+}
+
 bool AlgorithmDispatch::has(Need need, uint64_t nbytes) const {
   switch (need) {
     case Need::kGrid:

@@ -35,6 +35,10 @@ class AlgorithmDispatch {
   // `entry`'s algorithm, or what the catalog runs in its place where this group lacks one of its
   // needs.
   Algorithm usable(const CatalogEntry& entry, uint64_t nbytes) const;
+  // The rules whose algorithm this group runs another in place of, for want of what the group
+  // lacks (a grid, shared memory, single copies), for the startup log: "barrier shared_memory
+  // runs as dissemination (no shared_memory)"; empty when there are none.
+  std::string standIns() const;
 
   void allreduce(Algorithm algorithm, Comm& comm, void* buf, size_t count, const Reducer& reducer);
   void allgather(Algorithm algorithm, Comm& comm, void* buf, const Blocks& blocks, size_t elementSize);

@@ -39,7 +39,8 @@ ProcessGroupTorus::ProcessGroupTorus(const c10::intrusive_ptr<c10d::Store>& stor
   direct_ = std::make_unique<DirectRegistration>(groupName_, this);
   if (config_.logLevel >= 1 && rank == 0) {
     logLine(rank, "group '" + groupName_ + "' ready: " + std::to_string(size) + " ranks over " + transportDescription_ +
-                      ", chunk " + std::to_string(config_.chunkBytes) + " bytes");
+                      ", chunk " + std::to_string(config_.chunkBytes) + " bytes" +
+                      (dispatch_.standIns().empty() ? "" : "; " + dispatch_.standIns()));
   }
 }
 
