@@ -342,7 +342,10 @@ def default_mpiexec() -> str | None:
 
 def mpiexec_argv(cluster: Cluster, nproc: int, mpiexec: str) -> list[str]:
     """mpiexec starting nproc ranks on every host, the remote ones through enter_host.py."""
-    version = subprocess.run([mpiexec, "--version"], capture_output=True, text=True, timeout=60)
+    try:
+        version = subprocess.run([mpiexec, "--version"], capture_output=True, text=True, timeout=60)
+    except (OSError, subprocess.TimeoutExpired) as error:
+        raise ClusterError(f"--mpiexec {mpiexec}: {error}") from None
     agent = str(ENTER_HOST)
     world = str(cluster.hosts * nproc)
     if "Open MPI" in version.stdout + version.stderr:
