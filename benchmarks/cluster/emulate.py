@@ -22,7 +22,8 @@ Then one command per host runs inside its namespace, started by a launcher:
             and MASTER_ADDR/MASTER_PORT, as `mpiexec -x MASTER_ADDR -x MASTER_PORT` passes them
   mpiexec   a real mpiexec (MPICH's Hydra or Open MPI's, --mpiexec) on node0 starts P ranks per
             host; it reaches the other hosts through enter_host.py as its remote shell, and the
-            ranks get MASTER_ADDR/MASTER_PORT: the bench's mpi contender across hosts
+            ranks get MASTER_ADDR/MASTER_PORT: the bench's mpi contender across hosts (one
+            command for every host: {node_rank}, {hostname} and {addr} are not replaced)
   none      your command once per host as it is
 
 In every command {node_rank}, {nnodes}, {nproc}, {hostname}, {addr}, {master_addr},
