@@ -58,12 +58,17 @@ def pytest_generate_tests(metafunc):
         metafunc.parametrize("backend", params)
 
 
+def case_params(item) -> dict:
+    """A collected case's parameters (none for an unparametrized test)."""
+    return getattr(getattr(item, "callspec", None), "params", {})
+
+
 def repeats_another_case(item) -> bool:
     """In the default matrix, a case that another covers: a group of one rank moves no bytes, so
     its cases run over the first transport only; over OFI, whose contract suites repeat what shm
     and tcp run, at 2, 4 and 8 ranks (the algorithms' odd sizes are the same whatever carries
     the bytes, and run over shm and tcp)."""
-    params = getattr(getattr(item, "callspec", None), "params", {})
+    params = case_params(item)
     if "TORUS_TEST_BACKENDS" in os.environ or "backend" not in params or "world_size" not in params:
         return False
     backend, world_size = params["backend"], params["world_size"]
@@ -72,7 +77,7 @@ def repeats_another_case(item) -> bool:
 
 def pool_key(item) -> tuple:
     """The pool a case runs on, as far as its parameters say: (backend, world size)."""
-    params = getattr(getattr(item, "callspec", None), "params", {})
+    params = case_params(item)
     return str(params.get("backend", "")), repr(params.get("world_size", ""))
 
 

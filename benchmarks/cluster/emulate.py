@@ -364,6 +364,10 @@ def plan(cluster: Cluster, launcher: str, nproc: int, argv: list[str], master_po
     """The processes to start, one list entry per process, in host order. `max_restarts`:
     torchrun's, on each host; `mpiexec`: the mpiexec launcher's."""
     processes = []
+    # The placeholders every host shares; each host's own are added below.
+    shared = {"nnodes": str(cluster.hosts), "nproc": str(nproc), "master_addr": cluster.master.address,
+              "master_port": str(master_port), "results": str(results),
+              "link_bits": str(int(cluster.rate_bits or 0))}
     if launcher == "mpiexec":
         if mpiexec is None:
             raise ClusterError("--launcher mpiexec: no mpiexec beside this Python or on PATH "
@@ -372,19 +376,13 @@ def plan(cluster: Cluster, launcher: str, nproc: int, argv: list[str], master_po
         env[NAMESPACES_VARIABLE] = ",".join(f"{h.hostname}={h.netns}" for h in cluster.members)
         if nproc > 1:
             env.setdefault("OMP_NUM_THREADS", "1")
-        command = substitute(argv, {"nnodes": str(cluster.hosts), "nproc": str(nproc),
-                                    "master_addr": cluster.master.address,
-                                    "master_port": str(master_port), "results": str(results),
-                                    "link_bits": str(int(cluster.rate_bits or 0))})
+        command = substitute(argv, shared)
         return [Process(cluster.master, mpiexec_argv(cluster, nproc, mpiexec) + command, env,
                         cluster.master.hostname)]
     world = cluster.hosts * nproc
     for h in cluster.members:
-        values = {"node_rank": str(h.index), "nnodes": str(cluster.hosts), "nproc": str(nproc),
-                  "hostname": h.hostname, "addr": h.address, "master_addr": cluster.master.address,
-                  "master_port": str(master_port), "results": str(results),
-                  "link_bits": str(int(cluster.rate_bits or 0))}
-        command = substitute(argv, values)
+        command = substitute(argv, dict(shared, node_rank=str(h.index), hostname=h.hostname,
+                                        addr=h.address))
         if launcher == "torchrun":
             full = [sys.executable, "-m", "torch.distributed.run", "--nnodes", str(cluster.hosts),
                     "--nproc-per-node", str(nproc), "--node-rank", str(h.index),

@@ -38,9 +38,10 @@ ProcessGroupTorus::ProcessGroupTorus(const c10::intrusive_ptr<c10d::Store>& stor
                                                    std::make_shared<ArrivalBoard>(store, rank, size), failure_);
   direct_ = std::make_unique<DirectRegistration>(groupName_, this);
   if (config_.logLevel >= 1 && rank == 0) {
+    const std::string standIns = dispatch_.standIns();
     logLine(rank, "group '" + groupName_ + "' ready: " + std::to_string(size) + " ranks over " + transportDescription_ +
                       ", chunk " + std::to_string(config_.chunkBytes) + " bytes" +
-                      (dispatch_.standIns().empty() ? "" : "; " + dispatch_.standIns()));
+                      (standIns.empty() ? "" : "; " + standIns));
   }
 }
 
