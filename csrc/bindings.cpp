@@ -4,6 +4,7 @@
 #include <torch/python.h>
 
 #include "backend/algorithm_catalog.h"
+#include "backend/callback_scope.h"
 #include "backend/process_group_torus.h"
 #include "collectives/blocks.h"
 #include "device_collectives_on_host.h"
@@ -123,6 +124,17 @@ PYBIND11_MODULE(_C, module) {
 
   torus::defineSubsetComms(module);
   torus::defineDeviceCollectivesOnHost(module);
+
+  // torch_torus.callbacks wraps every callback given to then() or add_done_callback(): its place,
+  // taken when it is attached, and the scope it opens around the callback.
+  static thread_local std::vector<std::unique_ptr<torus::CallbackScope>> pythonScopes;
+  py::class_<torus::CallPlace>(module, "_AttachedCallback")
+      .def(py::init([] { return torus::CallbackScope::attachCallback(); }))
+      .def("__enter__",
+           [](const torus::CallPlace& place) {
+             pythonScopes.push_back(std::make_unique<torus::CallbackScope>(nullptr, place));
+           })
+      .def("__exit__", [](const torus::CallPlace&, const py::args&) { pythonScopes.pop_back(); });
 
 #ifdef TORUS_WITH_CUDA
   module.attr("built_with_cuda") = true;

@@ -2,8 +2,8 @@
 
 Every form (the future's wait, a sync call, Work.wait, torch.ops.torus, other collectives, two
 levels of callbacks) runs and gives the reference's values, on 1 to 8 ranks. Collectives a
-callback issues come right after its job on every rank, whatever the main thread issues
-meanwhile; a callback that waits for a collective issued after it ends at the group's timeout
+callback issues take their place where its then() was, before what the main thread issues after
+it, on every rank (tests/test_callback_order.py has the rest); a callback that waits for a collective issued after it ends at the group's timeout
 with an error naming the job whose callbacks the queue waited behind. DDP trains with every
 built-in comm hook that gloo accepts on CPU to the same parameters as gloo (PowerSGD with many
 buckets against gloo running the hook one bucket at a time, since gloo itself hangs there)."""

@@ -13,7 +13,7 @@ import sys
 import torch
 import torch.distributed as dist
 
-from . import _C
+from . import _C, callbacks
 from ._version import __version__
 from .config import SETTINGS, ConfigError, Options, resolve
 from .hybrid import HostGroups, HybridAverager, HybridUpdateError, host_groups
@@ -169,4 +169,5 @@ dist.distributed_c10d.monitored_barrier = monitored_barrier
 
 # CUDA is listed so that plain backend="torus" serves CUDA tensors too (a build without the CUDA
 # path answers them with an error naming the tensor, rather than torch's "no backend for device").
+callbacks.install()
 dist.Backend.register_backend(BACKEND_NAME, _create_backend, extended_api=True, devices=["cpu", "cuda"])

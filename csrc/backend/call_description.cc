@@ -94,6 +94,9 @@ std::string describeCall(const CallSignature& call) {
   if (call.algorithm != 0) {
     details.push_back(algorithmName(static_cast<Algorithm>(call.algorithm - 1)));
   }
+  if (call.origin == CallSignature::kOriginCallback) {
+    details.push_back("issued by a future's callback");
+  }
   for (size_t i = 0; i < details.size(); ++i) {
     out << (i == 0 ? " (" : ", ") << details[i] << (i + 1 == details.size() ? ")" : "");
   }

@@ -1,17 +1,12 @@
 #include "backend/collective_executor.h"
 
+#include <algorithm>
+
+#include "backend/callback_scope.h"
 #include "backend/log.h"
 #include "backend/tensor_checks.h"
 
 namespace torus {
-
-namespace {
-
-// The executor whose job's callbacks run on this thread: collectives they issue on its group run
-// here at once.
-thread_local const CollectiveExecutor* callbacksOf = nullptr;
-
-} // namespace
 
 CollectiveExecutor::CollectiveExecutor(int rank, int size, std::string groupName, int logLevel,
                                        std::chrono::milliseconds stallBound, std::shared_ptr<Transport> transport,
@@ -49,12 +44,14 @@ c10::intrusive_ptr<c10d::Work> CollectiveExecutor::enqueue(const CallDescription
   ++issued_;
   auto work = c10::make_intrusive<TorusWork>(rank_, call.type, title, std::move(outputs), std::move(inputs),
                                             label_, arrivals_, device, watch_);
-  Job job{work, 0, title, timeout, call.signature(), std::move(body), std::move(device), nullptr};
-  if (callbacksOf == this) {
-    // Its own callbacks are attached once it has returned, completed: they run where attached.
+  const CallPlace place = CallbackScope::placeNewCall();
+  Job job{work, 0, place, title, timeout, signatureOf(call), std::move(body), std::move(device), nullptr};
+  if (CallbackScope::inCallbacksOf(this)) {
+    // Issued by a callback this worker runs: what comes before it runs first, here, then it, as
+    // the callback may wait for it.
+    insert(std::move(job));
     lock.unlock();
-    execute(job);
-    ranInCallbacks();
+    drainThrough(place, work.get());
     return work;
   }
   if (mayRunHere && !job.device && claimIfIdle()) {
@@ -63,7 +60,7 @@ c10::intrusive_ptr<c10d::Work> CollectiveExecutor::enqueue(const CallDescription
     releaseCallingThread();
     return work;
   }
-  queue_.push_back(std::move(job));
+  insert(std::move(job));
   if (!completing_.empty()) {
     noteStall();
   }
@@ -76,13 +73,17 @@ bool CollectiveExecutor::runHereIfIdle(const CallDescription& call, std::chrono:
   const char* title = call.title();
   std::unique_lock<std::mutex> lock(mutex_);
   TORUS_CHECK(!stopping_, title, " called on a process group that has been shut down or aborted");
-  const bool nested = callbacksOf == this;
+  const bool nested = CallbackScope::inCallbacksOf(this);
   if (!nested && !claimIfIdle()) {
     return false;
   }
   ++issued_;
-  Job job{nullptr, 0, title, timeout, call.signature(), std::move(body), nullptr, nullptr};
+  const CallPlace place = CallbackScope::placeNewCall();
+  Job job{nullptr, 0, place, title, timeout, signatureOf(call), std::move(body), nullptr, nullptr};
   lock.unlock();
+  if (nested) {
+    drainThrough(place, nullptr);
+  }
   std::exception_ptr error = attempt(job);
   if (nested) {
     ranInCallbacks();
@@ -93,6 +94,39 @@ bool CollectiveExecutor::runHereIfIdle(const CallDescription& call, std::chrono:
     std::rethrow_exception(error);
   }
   return true;
+}
+
+void CollectiveExecutor::insert(Job job) {
+  // The queue is in order of place; a callback's call goes before calls issued after its
+  // callback was attached.
+  const auto at = std::upper_bound(queue_.begin(), queue_.end(), job.place,
+                                   [](const CallPlace& place, const Job& queued) { return place < queued.place; });
+  queue_.insert(at, std::move(job));
+}
+
+CallSignature CollectiveExecutor::signatureOf(const CallDescription& call) {
+  CallSignature signature = call.signature();
+  signature.origin = CallbackScope::currentOrigin();
+  return signature;
+}
+
+void CollectiveExecutor::drainThrough(const CallPlace& place, const TorusWork* target) {
+  for (;;) {
+    Job job;
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      // Started means run: a nested drain runs what it starts before it returns. Without it in
+      // the queue, the stall watch or an abort failed it.
+      if ((target != nullptr && target->getSequencenumber() != 0) || queue_.empty() ||
+          place < queue_.front().place) {
+        return;
+      }
+      job = std::move(queue_.front());
+      queue_.pop_front();
+    }
+    executeWithCallbacks(job);
+    ranInCallbacks();
+  }
 }
 
 bool CollectiveExecutor::claimIfIdle() {
@@ -169,10 +203,10 @@ void CollectiveExecutor::executeWithCallbacks(Job& job) {
       noteStall();
     }
   }
-  const CollectiveExecutor* outer = callbacksOf;
-  callbacksOf = this;
-  finish(job, error);
-  callbacksOf = outer;
+  {
+    CallbackScope callbacks(this, CallPlace{});
+    finish(job, error);
+  }
   std::lock_guard<std::mutex> lock(mutex_);
   completing_.pop_back();
   if (completing_.empty()) {
@@ -376,16 +410,24 @@ std::string CollectiveExecutor::explain(const CommError& error, uint64_t seq,
 
 void CollectiveExecutor::stop(bool abortPending) {
   std::deque<Job> abandoned;
+  std::string why = "the process group was aborted";
   {
     std::lock_guard<std::mutex> lock(mutex_);
     stopping_ = true;
     if (abortPending) {
       abandoned.swap(queue_);
+    } else if (!completing_.empty()) {
+      // Queued jobs behind callbacks never run if a callback waits for one of them: they fail
+      // rather than keep destroy_process_group waiting.
+      abandoned.swap(queue_);
+      const auto& [seq, title] = completing_.back();
+      why = "the process group was destroyed before this collective started, while its worker was in the "
+            "callbacks of " + label_->context(title, seq);
     }
   }
   queueChanged_.notify_all();
   stallChanged_.notify_all();
-  failQueued(abandoned, CommError(CommError::Kind::kAborted, "the process group was aborted"));
+  failQueued(abandoned, CommError(CommError::Kind::kAborted, why));
   if (worker_.joinable()) {
     worker_.join();
   }

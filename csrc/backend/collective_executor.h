@@ -9,13 +9,20 @@
 // freed.
 //
 // Completing a job runs its future's callbacks (then(), DDP comm hooks such as PowerSGD) on the
-// worker. A collective such a callback issues on this group runs at once, inside the callback,
-// as where NCCL's futures complete when then() is attached: a callback's collectives come right
-// after its job on every rank, before anything issued later elsewhere, whatever the timing, and
-// later jobs wait until the callbacks return. A callback that waits for a collective issued
-// after it would so wait forever: when the worker has run nothing for a queued job's timeout,
-// being in callbacks, the stall watch fails the group and the queued jobs, naming the job whose
-// callbacks they waited behind.
+// worker. A collective a callback issues takes its place at the point where the callback was
+// attached (CallbackScope): after every collective issued before then(), before every one issued
+// after it. That place is the same on every rank whatever the timing, whether the callback ran
+// on the worker when its collective completed or at once inside then() because it had completed
+// already; where the attach point is not known (a callback attached from C++), the place is where
+// it is issued, as gloo's are. The callback may wait for its collective (PowerSGD does), so the
+// worker, being in callbacks, runs the queue up to it at once, inside the callback: callbacks and
+// collectives share the one thread, which keeps both the order and the callback that waits. A
+// callback that waits for a collective placed after it would wait forever: when the worker has
+// run nothing for a queued job's timeout, being in callbacks, the stall watch fails the group and
+// the queued jobs, naming the job whose callbacks they waited behind. Every call's signature says
+// where it was issued from (the caller, or the callback of collective #k), so ranks that still
+// placed a callback's collective and the caller's differently fail with a mismatch naming both
+// rather than mix their data.
 #pragma once
 
 #include <array>
@@ -33,6 +40,7 @@
 
 #include "backend/arrival_board.h"
 #include "backend/call_description.h"
+#include "backend/callback_scope.h"
 #include "backend/device_support.h"
 #include "backend/torus_work.h"
 #include "comm/comm.h"
@@ -72,9 +80,11 @@ class CollectiveExecutor {
  private:
   struct Job {
     c10::intrusive_ptr<TorusWork> work; // null for runHereIfIdle's calls
-    // The collective's place in the order jobs run in, the same on every rank (a callback's
-    // collectives run before jobs queued earlier), which tags its messages; 0 until it starts.
+    // The collective's place in the order jobs run in, the same on every rank, which tags its
+    // messages; 0 until it starts.
     uint64_t seq;
+    // Where it goes in the queue, which is kept in this order.
+    CallPlace place;
     const char* title;
     std::chrono::milliseconds timeout;
     CallSignature call;
@@ -94,9 +104,16 @@ class CollectiveExecutor {
   void execute(Job& job);
   // Completes or fails the job's work with `error`; its future's callbacks run here.
   void finish(Job& job, std::exception_ptr error);
-  // On the worker: execute(), with the collectives its future's callbacks issue run at once.
+  // On the worker: execute(), its future's callbacks run inside a CallbackScope of this executor.
   void executeWithCallbacks(Job& job);
-  // After a job issued from a callback ran at once: the group moved, so a stall starts anew.
+  // With mutex_ held: queues `job` at its place.
+  void insert(Job job);
+  // The call's signature, with where it was issued from.
+  static CallSignature signatureOf(const CallDescription& call);
+  // On the worker in callbacks: runs queued jobs in order, up to `place`, until `target` (if
+  // any) has run or was failed off the queue.
+  void drainThrough(const CallPlace& place, const TorusWork* target);
+  // After a job ran from inside callbacks: the group moved, so a stall starts anew.
   void ranInCallbacks();
   // With mutex_ held: the queue waits while the worker is in callbacks, from now on.
   void noteStall();

@@ -4,6 +4,8 @@
 
 #include <torch/csrc/distributed/c10d/exception.h>
 
+#include "backend/callback_scope.h"
+
 namespace torus {
 
 namespace {
@@ -177,6 +179,8 @@ void TorusP2PWork::settle(std::exception_ptr error) {
   if (settled_.exchange(true)) {
     return;
   }
+  // Callbacks attached before it settled run here, on whichever thread waited or tested.
+  CallbackScope callbacks(nullptr, CallPlace{});
   if (error) {
     future_->setError(error);
     finish(error);

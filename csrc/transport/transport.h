@@ -30,21 +30,30 @@ inline std::string rankName(int rank) {
 constexpr auto kSpinBeforeSleep = std::chrono::microseconds(50);
 
 // What every message of a collective says about the call that sent it, so that ranks that
-// disagree on a collective (its kind, dtype, reduction, root, algorithm or size) find out at its
-// first message instead of exchanging bytes they would misread. Transports only compare it; the
-// backend gives the fields their meaning. kind 0 (point-to-point) agrees with anything.
+// disagree on a collective (its kind, dtype, reduction, root, algorithm, size or whether a
+// callback issued it) find out at its first message instead of exchanging bytes they would misread.
+// Transports only compare it; the backend gives the fields their meaning. kind 0
+// (point-to-point) agrees with anything.
 struct CallSignature {
+  // Where the call was issued from: the caller's own code, or a future's callback. A callback's
+  // collective and the caller's, paired at one sequence number, are two ranks that placed them
+  // differently (CallbackScope).
+  static constexpr uint16_t kOriginCaller = 0;
+  static constexpr uint16_t kOriginCallback = 1;
+
   uint8_t kind = 0;
   uint8_t dtype = 0;
   uint8_t op = 0;
   uint8_t algorithm = 0;
   int32_t root = -1;
-  uint64_t nbytes = 0;
+  // 48 bits (256 TiB) leave room for the origin in the header's 16 bytes.
+  uint64_t nbytes : 48 = 0;
+  uint64_t origin : 16 = kOriginCaller;
 
   bool agreesWith(const CallSignature& other) const {
     return kind == 0 || other.kind == 0 ||
            (kind == other.kind && dtype == other.dtype && op == other.op && algorithm == other.algorithm &&
-            root == other.root && nbytes == other.nbytes);
+            root == other.root && nbytes == other.nbytes && origin == other.origin);
   }
 };
 static_assert(sizeof(CallSignature) == 16, "CallSignature travels in message headers");
