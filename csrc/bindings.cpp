@@ -96,7 +96,9 @@ PYBIND11_MODULE(_C, module) {
       .def_readwrite("hosts", &torus::TorusConfig::hosts)
       .def_readwrite("log_level", &torus::TorusConfig::logLevel)
       .def_readwrite("device_stall_ms", &torus::TorusConfig::deviceStallMs)
-      .def_readwrite("host_device", &torus::TorusConfig::hostDevice);
+      .def_readwrite("host_device", &torus::TorusConfig::hostDevice)
+      .def_readwrite("trace_buffer", &torus::TorusConfig::traceBuffer)
+      .def_readwrite("trace_dir", &torus::TorusConfig::traceDir);
 
   py::class_<torus::ProcessGroupTorus, c10d::Backend, c10::intrusive_ptr<torus::ProcessGroupTorus>>(
       module, "ProcessGroupTorus")
@@ -120,7 +122,9 @@ PYBIND11_MODULE(_C, module) {
                              py::arg("other_host_bytes") = t.otherHostBytes,
                              py::arg("other_host_messages") = t.otherHostMessages);
            })
-      .def("reset_traffic", &torus::ProcessGroupTorus::resetTraffic);
+      .def("reset_traffic", &torus::ProcessGroupTorus::resetTraffic)
+      .def("dump_trace", &torus::ProcessGroupTorus::dumpTrace, py::arg("reason"),
+           py::call_guard<py::gil_scoped_release>());
 
   torus::defineSubsetComms(module);
   torus::defineDeviceCollectivesOnHost(module);

@@ -21,6 +21,7 @@ from __future__ import annotations
 import faulthandler
 import os
 import sys
+import tempfile
 
 import pytest
 
@@ -36,6 +37,10 @@ OFI_BACKEND = "torus+ofi"
 CONTRACT_BACKENDS = BACKENDS if "TORUS_TEST_BACKENDS" in os.environ else BACKENDS + [OFI_BACKEND]
 
 HARD_LIMIT = float(os.environ.get("TORUS_TEST_HARD_LIMIT", "900") or 0)
+
+# The flight recorders' dumps of the groups the tests fail on purpose go to one directory of the
+# session (every rank and torchrun's children inherit it), not the default under /tmp.
+os.environ.setdefault("TORUS_TRACE_DIR", tempfile.mkdtemp(prefix="test-traces-"))
 
 
 def pytest_configure(config):

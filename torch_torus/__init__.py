@@ -22,12 +22,13 @@ from .network import local_address
 from .selection import describe, resolve_tables
 from .topology import (agree_epoch, choose_grid, choose_transport, host_identity, meet, publish_failure,
                        rendezvous_environ)
+from .trace import trace_directory
 from .tuning import read as read_tuning
 from .tuning import tuned_allreduce
 
 __all__ = ["__version__", "Options", "ConfigError", "SETTINGS", "BACKEND_NAME", "algorithm_for", "traffic", "reset_traffic",
            "init_from_mpi", "init_from_slurm", "init_from_launcher", "monitored_barrier",
-           "host_groups", "HostGroups", "HybridAverager", "HybridUpdateError"]
+           "host_groups", "HostGroups", "HybridAverager", "HybridUpdateError", "dump_trace"]
 
 BACKEND_NAME = "torus"
 _LOG_LEVELS = {"warn": 0, "info": 1, "debug": 2}
@@ -59,6 +60,7 @@ def group_config(values: dict, size: int, hosts: list[str], address: str = "127.
     config.log_level = _LOG_LEVELS[values["log_level"]]
     config.device_stall_ms = max(1, round(values["device_stall_timeout"] * 1000))
     config.host_device = values["host_device"]
+    config.trace_buffer = values["trace_buffer"]
     return config, grid, transport, tables, tuned
 
 
@@ -99,6 +101,7 @@ def _create_backend(dist_options, pg_options) -> _C.ProcessGroupTorus:
         print(f"[torus rank 0] group '{name}': {size} ranks on {len(set(hosts))} host(s) over {transport}, {layout}; "
               f"auto allreduce from {values['tuning_file'] if tuned else model}; "
               f"algorithms {describe(tables)}", file=sys.stderr, flush=True)
+    config.trace_dir = trace_directory(values["trace_dir"], name, epoch)
     return _C.ProcessGroupTorus(store, rank, size, dist_options.timeout, config, name)
 
 
@@ -119,6 +122,13 @@ def traffic(group: dist.ProcessGroup | None = None) -> dict[str, int]:
     collective and send; the shared-memory allreduces (one_shot, two_shot) copy between ranks of
     one host without messages and are not counted."""
     return _torus_backend(group, "traffic").traffic()
+
+
+def dump_trace(group: dist.ProcessGroup | None = None, reason: str = "requested") -> str:
+    """Writes this rank's flight recorder of `group` (default: the world) to its directory under
+    TORUS_TRACE_DIR and returns the file's path ("" when TORUS_TRACE_BUFFER=0). Call it on every
+    rank, then `python -m torch_torus.trace <directory>`."""
+    return _torus_backend(group, "dump_trace").dump_trace(reason)
 
 
 def reset_traffic(group: dist.ProcessGroup | None = None) -> None:

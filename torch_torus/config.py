@@ -75,6 +75,16 @@ def _one_of(choices: tuple[str, ...]) -> Callable[[str], str]:
     return parse
 
 
+MAX_TRACE_BUFFER = 1_000_000
+
+
+def _trace_buffer(text: str) -> int:
+    value = str(text).strip()
+    if not value.isdigit() or int(value) > MAX_TRACE_BUFFER:
+        raise ValueError(f"expected a number of calls from 0 (off) to {MAX_TRACE_BUFFER}")
+    return int(value)
+
+
 def _provider_name(text: str) -> str:
     """A libfabric provider name as fi_info lists it ("tcp", "verbs", "tcp;ofi_rxm"); empty:
     libfabric's choice."""
@@ -395,6 +405,23 @@ SETTINGS: tuple[Setting, ...] = (
         "host implementation of the device layer (CPU memory as device memory, arenas in POSIX "
         "shared memory), exactly as CUDA tensors run on a GPU; stall:<step> and fail:enter add a "
         "fault. off: CPU tensors take the host path.",
+    ),
+    Setting(
+        "TORUS_TRACE_BUFFER",
+        "2000",
+        _trace_buffer,
+        "How many of a group's last collectives and point-to-point calls its flight recorder keeps "
+        "(what, issued by whom, how far each got), dumped when a collective times out or fails, when "
+        "the group is aborted, and by torch_torus.dump_trace(); read by `python -m torch_torus.trace "
+        "DIR`. 0: off.",
+    ),
+    Setting(
+        "TORUS_TRACE_DIR",
+        "",
+        _printable("a directory"),
+        "Where the flight recorder's dumps go: one directory per group, `<group>-<epoch>`, with one "
+        "`rank<r>.json` per rank; errors name it. Empty: `torus-trace` in the system's temporary "
+        "directory.",
     ),
     Setting(
         "TORUS_LOG_LEVEL",

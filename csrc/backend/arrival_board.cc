@@ -50,6 +50,11 @@ void ArrivalBoard::entered(uint64_t seq, std::chrono::milliseconds timeout) {
   }
 }
 
+uint64_t ArrivalBoard::current() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return current_;
+}
+
 void ArrivalBoard::left() {
   std::lock_guard<std::mutex> lock(mutex_);
   current_ = 0;

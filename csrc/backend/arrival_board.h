@@ -30,6 +30,8 @@ class ArrivalBoard {
   void entered(uint64_t seq, std::chrono::milliseconds timeout);
   // ... and left it.
   void left();
+  // The collective the worker is in; 0 between collectives.
+  uint64_t current() const;
   // Ends the thread (shutdown, abort); later calls publish nothing. Idempotent.
   void stop();
   // "rank 2 had not reached #5": the ranks other than this one not seen inside collective `seq`

@@ -11,7 +11,7 @@ namespace torus {
 CollectiveExecutor::CollectiveExecutor(int rank, int size, std::string groupName, int logLevel,
                                        std::chrono::milliseconds stallBound, std::shared_ptr<Transport> transport,
                                        Comm& comm, std::shared_ptr<ArrivalBoard> arrivals,
-                                       std::shared_ptr<GroupFailure> failure)
+                                       std::shared_ptr<GroupFailure> failure, std::shared_ptr<FlightRecorder> recorder)
     : rank_(rank),
       label_(std::make_shared<const GroupLabel>(GroupLabel{rank, size, std::move(groupName)})),
       logLevel_(logLevel),
@@ -19,6 +19,7 @@ CollectiveExecutor::CollectiveExecutor(int rank, int size, std::string groupName
       comm_(comm),
       arrivals_(std::move(arrivals)),
       failure_(std::move(failure)),
+      recorder_(std::move(recorder)),
       watch_(logLevel >= 2 ? std::make_shared<WaitWatch>(rank, stallBound / 2) : nullptr),
       worker_(&CollectiveExecutor::runWorker, this) {
   comm_.setFailureHandler([this](std::exception_ptr raised) { failRunning(raised); });
@@ -39,13 +40,14 @@ c10::intrusive_ptr<c10d::Work> CollectiveExecutor::enqueue(const CallDescription
                                                            std::chrono::milliseconds timeout, Body body,
                                                            std::shared_ptr<DeviceCall> device, bool mayRunHere) {
   const char* title = call.title();
+  const uint64_t recordId = record(call, title, shapesOf(inputs), shapesOf(outputs));
   std::unique_lock<std::mutex> lock(mutex_);
   TORUS_CHECK(!stopping_, title, " called on a process group that has been shut down or aborted");
   ++issued_;
   auto work = c10::make_intrusive<TorusWork>(rank_, call.type, title, std::move(outputs), std::move(inputs),
                                             label_, arrivals_, device, watch_);
   const CallPlace place = CallbackScope::placeNewCall();
-  Job job{work, 0, place, title, timeout, signatureOf(call), std::move(body), std::move(device), nullptr};
+  Job job{work, 0, place, title, timeout, signatureOf(call), std::move(body), std::move(device), nullptr, recordId};
   if (CallbackScope::inCallbacksOf(this)) {
     // Issued by a callback this worker runs: what comes before it runs first, here, then it, as
     // the callback may wait for it.
@@ -79,12 +81,13 @@ bool CollectiveExecutor::runHereIfIdle(const CallDescription& call, std::chrono:
   }
   ++issued_;
   const CallPlace place = CallbackScope::placeNewCall();
-  Job job{nullptr, 0, place, title, timeout, signatureOf(call), std::move(body), nullptr, nullptr};
+  Job job{nullptr, 0, place, title, timeout, signatureOf(call), std::move(body), nullptr, nullptr, record(call, title, {}, {})};
   lock.unlock();
   if (nested) {
     drainThrough(place, nullptr);
   }
   std::exception_ptr error = attempt(job);
+  recorder_->finished(job.recordId, error ? describeException(error) : std::string());
   if (nested) {
     ranInCallbacks();
   } else {
@@ -94,6 +97,16 @@ bool CollectiveExecutor::runHereIfIdle(const CallDescription& call, std::chrono:
     std::rethrow_exception(error);
   }
   return true;
+}
+
+uint64_t CollectiveExecutor::record(const CallDescription& call, const char* title,
+                                    std::vector<std::vector<int64_t>> inputSizes,
+                                    std::vector<std::vector<int64_t>> outputSizes) {
+  if (!recorder_->enabled()) {
+    return 0;
+  }
+  return recorder_->record(FlightRecorder::Call{title, false, call.dtype, std::move(inputSizes), std::move(outputSizes),
+                                                call.root, CallbackScope::currentOrigin() != CallSignature::kOriginCaller});
 }
 
 void CollectiveExecutor::insert(Job job) {
@@ -181,6 +194,7 @@ void CollectiveExecutor::execute(Job& job) {
 }
 
 void CollectiveExecutor::finish(Job& job, std::exception_ptr error) {
+  recorder_->finished(job.recordId, error ? describeException(error) : std::string());
   if (error) {
     job.work->fail(error);
   } else {
@@ -254,13 +268,17 @@ void CollectiveExecutor::failStalled(std::unique_lock<std::mutex>& lock) {
   stalledSince_.reset();
   const auto& [seq, title] = completing_.front();
   const auto inCallbacks = std::chrono::duration_cast<std::chrono::milliseconds>(Clock::now() - completingSince_);
-  const std::string why =
+  std::string why =
       "did not start: queued behind " + label_->context(title, seq) + ", whose future's callbacks have not returned in " +
       std::to_string(inCallbacks.count()) +
       " ms (collectives run in issue order, and a callback's own ones at once: does a callback wait for a "
       "collective issued after it?)" +
       timeoutExpired(stalled.front().timeout);
   const std::string first = contextOf(stalled.front());
+  lock.unlock();
+  const std::string dumped = dumpTrace("the queue stalled behind callbacks");
+  lock.lock();
+  why += traceNote(dumped);
   failure_->record(first + ": " + why);
   lock.unlock();
   transport_->abort(first + ": " + why);
@@ -270,6 +288,7 @@ void CollectiveExecutor::failStalled(std::unique_lock<std::mutex>& lock) {
 
 void CollectiveExecutor::failQueued(std::deque<Job>& jobs, const CommError& error) {
   for (Job& job : jobs) {
+    recorder_->finished(job.recordId, error.what());
     job.work->fail(asTorchError(std::make_exception_ptr(error), contextOf(job)));
   }
 }
@@ -279,6 +298,7 @@ std::exception_ptr CollectiveExecutor::attempt(Job& job) {
   if (job.work) {
     job.work->start(job.seq);
   }
+  recorder_->started(job.recordId, job.seq);
   try {
     if (failure_->failed()) {
       failure_->throwIfFailed(contextOf(job));
@@ -350,19 +370,19 @@ void CollectiveExecutor::failRunning(std::exception_ptr raised) {
   if (running_ == nullptr || runningFailure_) {
     return;
   }
-  runningFailure_ = failureOf(raised);
+  runningFailure_ = failureOf(raised, traceNote(dumpTrace("collective failed")));
   failure_->record(runningFailure_->text);
   // The failed collective's other sends and receives still point into its buffers and the
   // scratch; end them all before those are freed or reused.
   transport_->abort(runningFailure_->text);
 }
 
-CollectiveExecutor::JobFailure CollectiveExecutor::failureOf(std::exception_ptr raised) const {
+CollectiveExecutor::JobFailure CollectiveExecutor::failureOf(std::exception_ptr raised, const std::string& note) const {
   const std::string context = contextOf(*running_);
   try {
     std::rethrow_exception(raised);
   } catch (const CommError& e) {
-    const std::string what = explain(e, running_->seq, running_->timeout);
+    const std::string what = explain(e, running_->seq, running_->timeout) + note;
     return {asTorchError(std::make_exception_ptr(CommError(e.kind(), what)), context), context + ": " + what};
   } catch (...) {
     // Not the transport's failure (an allocation, a torch op, a bad grid), but the collective's
@@ -427,6 +447,9 @@ void CollectiveExecutor::stop(bool abortPending) {
   }
   queueChanged_.notify_all();
   stallChanged_.notify_all();
+  if (abortPending) {
+    dumpTrace("the group was aborted");
+  }
   failQueued(abandoned, CommError(CommError::Kind::kAborted, why));
   if (worker_.joinable()) {
     worker_.join();
@@ -435,6 +458,19 @@ void CollectiveExecutor::stop(bool abortPending) {
     stallWatch_.join();
   }
   arrivals_->stop();
+}
+
+std::string CollectiveExecutor::dumpTrace(const std::string& reason) {
+  const uint64_t seq = arrivals_->current();
+  return recorder_->dump(reason, seq == 0 ? std::string() : arrivals_->describeMissing(seq));
+}
+
+std::string CollectiveExecutor::traceNote(const std::string& path) {
+  if (path.empty()) {
+    return "";
+  }
+  const std::string dir = path.substr(0, path.rfind('/'));
+  return "; flight recorder: " + path + " (every rank's: python -m torch_torus.trace " + dir + ")";
 }
 
 } // namespace torus

@@ -42,6 +42,7 @@
 #include "backend/call_description.h"
 #include "backend/callback_scope.h"
 #include "backend/device_support.h"
+#include "backend/flight_recorder.h"
 #include "backend/torus_work.h"
 #include "comm/comm.h"
 
@@ -58,7 +59,7 @@ class CollectiveExecutor {
   // returned half of it after its collective completed is reported.
   CollectiveExecutor(int rank, int size, std::string groupName, int logLevel, std::chrono::milliseconds stallBound,
                      std::shared_ptr<Transport> transport, Comm& comm, std::shared_ptr<ArrivalBoard> arrivals,
-                     std::shared_ptr<GroupFailure> failure);
+                     std::shared_ptr<GroupFailure> failure, std::shared_ptr<FlightRecorder> recorder);
   ~CollectiveExecutor();
 
   // Queues `body`; the returned work completes with `outputs`. Every message of the call carries
@@ -76,6 +77,8 @@ class CollectiveExecutor {
   uint64_t issued();
   // Ends the worker once the queue is empty; with abortPending, fails queued jobs first.
   void stop(bool abortPending);
+  // Writes the flight recorder's ring; its path, or empty when it is off.
+  std::string dumpTrace(const std::string& reason);
 
  private:
   struct Job {
@@ -92,6 +95,8 @@ class CollectiveExecutor {
     std::shared_ptr<DeviceCall> device;
     // The device call's scope (its stream current), from enter() until the work is completed.
     std::shared_ptr<void> deviceScope;
+    // Its entry in the flight recorder.
+    uint64_t recordId = 0;
   };
   // A job's failure: the error its work gets, and the text the group records and its peers are
   // told.
@@ -141,7 +146,13 @@ class CollectiveExecutor {
   // Fails the running job for `raised`, once: records it for the group and aborts the transport.
   // From the job's thread (run's catch, or an algorithm through Comm::fail).
   void failRunning(std::exception_ptr raised);
-  JobFailure failureOf(std::exception_ptr raised) const;
+  // `note`: said after a transport failure's text (where the flight recorder's dump went).
+  JobFailure failureOf(std::exception_ptr raised, const std::string& note) const;
+  // The flight recorder's entry of a call; 0 when it is off.
+  uint64_t record(const CallDescription& call, const char* title, std::vector<std::vector<int64_t>> inputSizes,
+                  std::vector<std::vector<int64_t>> outputSizes);
+  // What an error says of a dump written to `path` (nothing when none was).
+  static std::string traceNote(const std::string& path);
   // The message of an exception.
   static std::string describeException(std::exception_ptr error);
   // The text of a transport's failure, naming the absent ranks or both sides of a mismatch, and a
@@ -155,6 +166,7 @@ class CollectiveExecutor {
   Comm& comm_;
   std::shared_ptr<ArrivalBoard> arrivals_;
   std::shared_ptr<GroupFailure> failure_;
+  std::shared_ptr<FlightRecorder> recorder_;
   // Debug mode only.
   std::shared_ptr<WaitWatch> watch_;
 

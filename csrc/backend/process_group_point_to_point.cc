@@ -1,6 +1,7 @@
 // The point-to-point entry points: send, recv and recv from any source. They bypass the
 // executor: posted straight to the transport, so that a rank's isend and irecv never wait for
 // each other or for queued collectives.
+#include "backend/callback_scope.h"
 #include "backend/process_group_torus.h"
 #include "backend/tensor_checks.h"
 #include "backend/tensor_staging.h"
@@ -26,6 +27,13 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupTorus::postPointToPoint(c10d::OpType 
                                                                    const std::string& what) {
   const std::string context = p2pContext(what);
   failure_->throwIfFailed(context);
+  const uint64_t recordId =
+      recorder_->enabled()
+          ? recorder_->record(FlightRecorder::Call{title, true, tensor.scalar_type(), shapesOf({tensor}),
+                                                   shapesOf({tensor}), peer,
+                                                   CallbackScope::currentOrigin() != CallSignature::kOriginCaller})
+          : 0;
+  recorder_->started(recordId, p2pIssued_.load());
   const uint64_t wireTag = p2pTag(tag);
   RequestPtr request;
   at::Tensor buffer;
@@ -52,7 +60,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupTorus::postPointToPoint(c10d::OpType 
   // still owns the buffer.
   request->holdBuffer(std::make_shared<at::Tensor>(buffer));
   return c10::make_intrusive<TorusP2PWork>(rank_, type, title, transport_, request, tensor, buffer, timeout_.load(), context,
-                                           failure_);
+                                           failure_, recorder_, recordId);
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupTorus::send(std::vector<at::Tensor>& tensors, int dstRank, int tag) {

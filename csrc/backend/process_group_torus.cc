@@ -33,9 +33,11 @@ ProcessGroupTorus::ProcessGroupTorus(const c10::intrusive_ptr<c10d::Store>& stor
   device.stallBound = std::chrono::milliseconds(config_.deviceStallMs);
   device.hostDevice = config_.hostDevice;
   devices_ = DeviceSupport::create(device);
+  recorder_ = std::make_shared<FlightRecorder>(config_.traceBuffer, config_.traceDir, rank, size, groupName_);
   executor_ = std::make_unique<CollectiveExecutor>(rank, size, groupName_, config_.logLevel, device.stallBound,
                                                    transport_, *comm_,
-                                                   std::make_shared<ArrivalBoard>(store, rank, size), failure_);
+                                                   std::make_shared<ArrivalBoard>(store, rank, size), failure_,
+                                                   recorder_);
   direct_ = std::make_unique<DirectRegistration>(groupName_, this);
   if (config_.logLevel >= 1 && rank == 0) {
     const std::string standIns = dispatch_.standIns();

@@ -119,6 +119,10 @@ class ProcessGroupTorus : public c10d::Backend {
   void shutdown() override;
   // Fails pending and queued jobs at once and releases everything.
   void abort() override;
+  // Writes the flight recorder's ring (torch_torus.dump_trace()); its path, or empty when off.
+  std::string dumpTrace(const std::string& reason) {
+    return executor_->dumpTrace(reason);
+  }
 
  private:
   // What submit takes from any collective's options.
@@ -175,6 +179,7 @@ class ProcessGroupTorus : public c10d::Backend {
   std::unique_ptr<DeviceSupport> devices_;
   // Set once a collective or a send or receive fails; later calls fail fast.
   std::shared_ptr<GroupFailure> failure_ = std::make_shared<GroupFailure>();
+  std::shared_ptr<FlightRecorder> recorder_;
   std::unique_ptr<CollectiveExecutor> executor_;
   std::atomic<uint64_t> p2pIssued_{0}; // sends and receives issued, to number them in errors
   std::atomic<uint64_t> monitoredBarriers_{0}; // monitored barriers called, each with tags of its own

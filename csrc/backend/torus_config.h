@@ -55,6 +55,10 @@ struct TorusConfig {
   int64_t deviceStallMs = 30000;
   // TORUS_HOST_DEVICE: "off", "on", "stall:<step>" or "fail:enter" (DeviceOptions::hostDevice).
   std::string hostDevice = "off";
+  // The flight recorder: how many calls it keeps (TORUS_TRACE_BUFFER; 0: off), and the directory
+  // its dumps go to (this group's, under TORUS_TRACE_DIR).
+  uint64_t traceBuffer = 2000;
+  std::string traceDir;
 };
 
 } // namespace torus

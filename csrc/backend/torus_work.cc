@@ -164,7 +164,8 @@ void TorusWork::fail(std::exception_ptr error) {
 TorusP2PWork::TorusP2PWork(int rank, c10d::OpType opType, const char* profilingTitle,
                            std::shared_ptr<Transport> transport, RequestPtr request, at::Tensor tensor,
                            at::Tensor buffer, std::chrono::milliseconds timeout, std::string context,
-                           std::shared_ptr<GroupFailure> groupFailure)
+                           std::shared_ptr<GroupFailure> groupFailure, std::shared_ptr<FlightRecorder> recorder,
+                           uint64_t recordId)
     : c10d::Work(rank, opType, profilingTitle, std::vector<at::Tensor>{tensor}),
       transport_(std::move(transport)),
       request_(std::move(request)),
@@ -173,11 +174,26 @@ TorusP2PWork::TorusP2PWork(int rank, c10d::OpType opType, const char* profilingT
       timeout_(timeout),
       context_(std::move(context)),
       groupFailure_(std::move(groupFailure)),
+      recorder_(std::move(recorder)),
+      recordId_(recordId),
       future_(makeTensorListFuture()) {}
 
 void TorusP2PWork::settle(std::exception_ptr error) {
   if (settled_.exchange(true)) {
     return;
+  }
+  if (recorder_->enabled()) {
+    std::string text;
+    if (error) {
+      try {
+        std::rethrow_exception(error);
+      } catch (const std::exception& e) {
+        text = e.what();
+      } catch (...) {
+        text = context_ + ": failed";
+      }
+    }
+    recorder_->finished(recordId_, text);
   }
   // Callbacks attached before it settled run here, on whichever thread waited or tested.
   CallbackScope callbacks(nullptr, CallPlace{});

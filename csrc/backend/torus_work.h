@@ -16,6 +16,7 @@
 
 #include "backend/arrival_board.h"
 #include "backend/device_support.h"
+#include "backend/flight_recorder.h"
 #include "backend/wait_watch.h"
 #include "transport/transport.h"
 
@@ -143,7 +144,8 @@ class TorusP2PWork : public c10d::Work {
   // after the caller has moved on.
   TorusP2PWork(int rank, c10d::OpType opType, const char* profilingTitle, std::shared_ptr<Transport> transport,
                RequestPtr request, at::Tensor tensor, at::Tensor buffer, std::chrono::milliseconds timeout,
-               std::string context, std::shared_ptr<GroupFailure> groupFailure);
+               std::string context, std::shared_ptr<GroupFailure> groupFailure,
+               std::shared_ptr<FlightRecorder> recorder, uint64_t recordId);
 
   bool isCompleted() override;
   bool wait(std::chrono::milliseconds timeout) override;
@@ -167,6 +169,8 @@ class TorusP2PWork : public c10d::Work {
   std::chrono::milliseconds timeout_;
   std::string context_;
   std::shared_ptr<GroupFailure> groupFailure_;
+  std::shared_ptr<FlightRecorder> recorder_;
+  const uint64_t recordId_;
   std::atomic<bool> settled_{false};
   c10::intrusive_ptr<c10::ivalue::Future> future_;
 };

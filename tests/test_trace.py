@@ -1,0 +1,135 @@
+"""The flight recorder and its analyzer (issue 40): what a hang or a mismatch leaves behind.
+
+One rank of four stops calling collectives: every other rank's timeout writes its dump, its error
+names the dump, and `python -m torch_torus.trace DIR` names the missing rank and the collective's
+sequence number. Two ranks that issue different collectives: the analyzer shows both signatures.
+torch_torus.dump_trace() on request: every call of the group with its sizes, dtype, state and who
+issued it; TORUS_TRACE_BUFFER=0 writes nothing.
+"""
+
+from __future__ import annotations
+
+import datetime
+import json
+import os
+import re
+import subprocess
+import sys
+import time
+
+import pytest
+import torch
+import torch.distributed as dist
+
+import harness
+
+
+def _analyze(directory):
+    run = subprocess.run([sys.executable, "-m", "torch_torus.trace", directory], capture_output=True, text=True,
+                         timeout=60)
+    found = subprocess.run([sys.executable, "-m", "torch_torus.trace", "--json", directory], capture_output=True,
+                           text=True, timeout=60)
+    return run.returncode, run.stdout + run.stderr, json.loads(found.stdout) if found.stdout else None
+
+
+def _case_one_rank_stops(ctx):
+    ctx.init_process_group(init="file")
+    group = ctx.new_group(timeout=datetime.timedelta(seconds=2))
+    t = torch.ones(1000)
+    dist.all_reduce(t, group=group)  # #1, everybody
+    if ctx.rank == 3:
+        time.sleep(6)
+        return None
+    try:
+        dist.all_reduce(t, group=group)  # #2: rank 3 never comes
+        return "the all_reduce without rank 3 returned"
+    except dist.DistBackendError as error:
+        match = re.search(r"flight recorder: (\S+rank\d\.json) \(every rank's: python -m torch_torus.trace (\S+)\)",
+                          str(error))
+        if not match:
+            return f"the timeout's error does not name the dump: {error}"
+        return {"file": match.group(1), "dir": match.group(2)}
+
+
+def test_missing_rank_named_by_the_analyzer(tmp_path):
+    results = harness.run_job("torus", 4, _case_one_rank_stops, env={"TORUS_TRACE_DIR": str(tmp_path)}, timeout=90)
+    problems = [f"rank {r}: {res}" for r, res in enumerate(results) if isinstance(res, str)]
+    assert not problems, problems
+    dirs = {res["dir"] for res in results if isinstance(res, dict)}
+    assert len(dirs) == 1 and str(tmp_path) in next(iter(dirs)), dirs
+    directory = dirs.pop()
+    assert sorted(os.listdir(directory)) == ["rank0.json", "rank1.json", "rank2.json"]
+    code, text, found = _analyze(directory)
+    assert code == 1, text
+    assert found["missing"] == [3] and found["newest"] == 2, found
+    assert "collective #2" in text and "rank 3 never did" in text and "rank 3 wrote no dump" in text, text
+    dump = json.load(open(os.path.join(directory, "rank0.json")))
+    running = [e for e in dump["entries"] if e["collective_seq_id"] == 2]
+    assert running and running[0]["state"] == "started" and "rank 3" in running[0]["waiting_for"], running
+
+
+def _case_mismatch(ctx):
+    ctx.init_process_group(init="file")
+    group = ctx.new_group(timeout=datetime.timedelta(seconds=20))
+    dist.all_reduce(torch.ones(4), group=group)
+    try:
+        dist.all_reduce(torch.ones(4 if ctx.rank == 0 else 8), group=group)
+        return "the mismatched all_reduce returned"
+    except dist.DistBackendError as error:
+        match = re.search(r"python -m torch_torus.trace (\S+)\)", str(error))
+        return {"dir": match.group(1)} if match else f"no dump named: {error}"
+
+
+def test_mismatch_shows_both_signatures(tmp_path):
+    results = harness.run_job("torus", 2, _case_mismatch, env={"TORUS_TRACE_DIR": str(tmp_path)}, timeout=60)
+    problems = [f"rank {r}: {res}" for r, res in enumerate(results) if isinstance(res, str)]
+    assert not problems, problems
+    code, text, found = _analyze(results[0]["dir"])
+    assert code == 1, text
+    (mismatch,) = found["mismatches"]
+    assert mismatch["seq"] == 2, mismatch
+    calls = {tuple(c["ranks"]): c["call"] for c in mismatch["calls"]}
+    assert "[[4]]" in calls[(0,)] and "[[8]]" in calls[(1,)], calls
+    assert "ranks called different collectives" in text, text
+
+
+def _case_dump_on_request(ctx, buffer):
+    ctx.init_process_group(init="file")
+    import torch_torus
+
+    group = ctx.new_group()
+    t = torch.ones(3, 5)
+    dist.all_reduce(t, group=group)
+    parts = [torch.empty(7, dtype=torch.float64) for _ in range(ctx.world_size)]
+    dist.all_gather(parts, torch.ones(7, dtype=torch.float64), group=group)
+    work = dist.all_reduce(torch.ones(2), group=group, async_op=True)
+    work.get_future().then(lambda _: dist.broadcast(torch.ones(6), src=0, group=group)).wait()
+    if ctx.rank == 0:
+        dist.send(torch.ones(9, dtype=torch.int32), 1, group=group)
+    else:
+        dist.recv(torch.empty(9, dtype=torch.int32), 0, group=group)
+    path = torch_torus.dump_trace(group)
+    if buffer == "0":
+        return None if path == "" else f"TORUS_TRACE_BUFFER=0 wrote {path}"
+    dump = json.load(open(path))
+    entries = dump["entries"]
+    problems = []
+    # dtypes as torch's flight recorder names them (c10::toString)
+    want = [("torus:all_reduce", [[3, 5]], "Float", "caller"), ("torus:all_gather", [[7]], "Double", "caller"),
+            ("torus:all_reduce", [[2]], "Float", "caller"), ("torus:broadcast", [[6]], "Float", "callback"),
+            ("torus:send" if ctx.rank == 0 else "torus:recv", [[9]], "Int", "caller")]
+    got = [(e["profiling_name"], e["input_sizes"], e["input_dtypes"][0], e["issued_by"]) for e in entries]
+    if len(got) != len(want) or any(not g[0].startswith(w[0]) or g[1:] != w[1:] for g, w in zip(got, want)):
+        problems.append(f"entries {got}, want {want}")
+    if [e["collective_seq_id"] for e in entries[:4]] != [1, 2, 3, 4]:
+        problems.append(f"sequence numbers {[e['collective_seq_id'] for e in entries]}")
+    if any(e["state"] != "completed" or e["time_discovered_completed_ns"] is None for e in entries):
+        problems.append(f"states {[e['state'] for e in entries]}")
+    return problems
+
+
+@pytest.mark.parametrize("buffer", ["2000", "0"])
+def test_dump_on_request(tmp_path, buffer):
+    harness.conclude(harness.problems(harness.run_job(
+        "torus", 2, _case_dump_on_request, buffer,
+        env={"TORUS_TRACE_DIR": str(tmp_path), "TORUS_TRACE_BUFFER": buffer}, timeout=60)), None, "torus")
