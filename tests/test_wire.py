@@ -326,3 +326,71 @@ def _case_bystander(ctx):
 
 def test_a_forged_frame_fails_the_group_for_every_rank():
     harness.check(BACKEND, 3, _case_bystander, timeout=90)
+
+
+# The shared-memory transport's inbound ring from rank p in rank r's segment (shm_transport.cc,
+# for a small group): a page of control block, postings and delivery counts, two 512 KiB
+# one-shot slots, then one ring per rank, each a 64-byte line apiece for its head, tail and flag,
+# then the data; the head counts the bytes the producer wrote, ever.
+RING_BYTES = 512 * 1024
+RINGS_OFFSET = 4096 + 2 * 512 * 1024
+SHARED_RING_BYTES = 3 * 64 + RING_BYTES
+
+
+def _segment_mappings():
+    """{(start, end): path} of this process's mappings of torus shared-memory segments."""
+    found = {}
+    with open("/proc/self/maps") as f:
+        for line in f:
+            fields = line.split(maxsplit=5)
+            if len(fields) == 6 and "memfd:torus-rank" in fields[5]:
+                start, end = (int(x, 16) for x in fields[0].split("-"))
+                found[(start, end)] = fields[5].strip()
+    return found
+
+
+def _case_ring_head(ctx):
+    """Over shared memory the wire is the ring in the victim's segment: rank 1 moves its ring's
+    head past what the ring holds, and rank 0 fails it, naming the field, instead of copying from
+    past the ring."""
+    import ctypes
+
+    adversary, victim = 1, 0
+    dist.all_reduce(torch.ones(4))
+    before = _segment_mappings()
+    group = ctx.new_group([0, 1])
+    t = torch.ones(4)
+    dist.all_reduce(t, group=group)
+    problems = []
+    if ctx.rank == adversary:
+        victims = [(start, end) for (start, end), path in _segment_mappings().items()
+                   if (start, end) not in before and f"torus-rank{victim}" in path]
+        assert len(victims) == 1, victims
+        start, end = victims[0]
+        head = start + RINGS_OFFSET + adversary * SHARED_RING_BYTES
+        dist.barrier()
+        ctypes.c_uint64.from_address(head).value += 4 * RING_BYTES
+        dist.barrier()
+    else:
+        buffer = torch.full((2 * RECV_FLOATS,), SENTINEL)
+        work = dist.irecv(buffer[:RECV_FLOATS], src=adversary, tag=TAG, group=group)
+        dist.barrier()
+        error = None
+        try:
+            work.wait(timeout=datetime.timedelta(seconds=PROMPT_SECONDS))
+        except Exception as e:  # noqa: BLE001 - the type is checked
+            error = e
+        problems += _check_failed(error, ["ring's head is at byte"], adversary)
+        if not buffer[RECV_FLOATS:].eq(SENTINEL).all():
+            problems.append("bytes were written past the receive's buffer")
+        dist.barrier()
+    dist.destroy_process_group(group)
+    t = torch.full((1000,), float(ctx.rank + 1))
+    dist.all_reduce(t)
+    if not t.eq(3.0).all():
+        problems.append(f"the default group's allreduce gave {t[:4].tolist()} after the attack")
+    return problems
+
+
+def test_a_forged_ring_head_fails_only_its_writer():
+    harness.check("torus+shm", 2, _case_ring_head, timeout=90)
