@@ -5,8 +5,9 @@ writes, and that dials the victim's listening socket with hellos of its own.
 
 After each attack the victim either gets the right result, or its requests and collectives fail
 with a DistBackendError naming the adversary and the field it lied about, promptly; nothing is
-written past a receive's buffer (a sentinel after the buffer stays; tests/README.md runs this
-file under AddressSanitizer), and other groups of the same processes still compute right."""
+written into or past a receive's buffer (receives of exactly their size, which AddressSanitizer
+watches: tests/README.md runs this file under it; a sentinel after the buffer at 3 ranks), and
+other groups of the same processes still compute right."""
 
 from __future__ import annotations
 
@@ -187,8 +188,9 @@ def _case_attack(ctx, attack):
         dist.barrier()  # the victim has looked
     else:
         _, _, expected = ATTACKS[attack]
-        buffer = torch.full((2 * RECV_FLOATS,), SENTINEL)
-        work = dist.irecv(buffer[:RECV_FLOATS], src=adversary, tag=TAG, group=group)
+        # Exactly the receive's size: under AddressSanitizer a byte past it is reported.
+        buffer = torch.full((RECV_FLOATS,), SENTINEL)
+        work = dist.irecv(buffer, src=adversary, tag=TAG, group=group)
         dist.barrier()
         start = time.monotonic()
         error = None
@@ -200,8 +202,10 @@ def _case_attack(ctx, attack):
         problems += _check_failed(error, expected, adversary)
         if elapsed > PROMPT_SECONDS:
             problems.append(f"took {elapsed:.1f}s to fail (waited out a timeout?)")
-        if not buffer[RECV_FLOATS:].eq(SENTINEL).all():
-            problems.append("bytes were written past the receive's buffer")
+        # A well-formed eager frame cut short writes its first bytes into the receive's own buffer
+        # before the close fails it; no other attack gets a byte in.
+        if attack != "truncated_payload" and not buffer.eq(SENTINEL).all():
+            problems.append("the failed receive's buffer was written")
         # The group's collectives fail too, naming the adversary.
         after = None
         try:
