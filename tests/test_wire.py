@@ -160,17 +160,41 @@ def _stream_to(ctx, made, run):
     return stream
 
 
-def _check_failed(error, expected, adversary):
-    problems = []
-    if error is None:
-        return ["the attack went unnoticed: the receive completed"]
-    text = str(error)
-    if not isinstance(error, dist.DistBackendError):
-        problems.append(f"{type(error).__name__}, not DistBackendError: {first_line(error)}")
-    for want in [f"rank {adversary}", *expected]:
-        if want not in text:
-            problems.append(f"the error does not say {want!r}: {text[:600]}")
+def _fails(what, call, expected, adversary):
+    """Problems unless `call` raises, promptly, a DistBackendError naming the adversary and
+    saying each of `expected`."""
+    start = time.monotonic()
+    try:
+        call()
+    except Exception as error:  # noqa: BLE001 - the type is checked
+        text = str(error)
+        problems = [] if isinstance(error, dist.DistBackendError) else [
+            f"{what}: {type(error).__name__}, not DistBackendError: {first_line(error)}"]
+        problems += [f"{what}: the error does not say {want!r}: {text[:600]}"
+                     for want in [f"rank {adversary}", *expected] if want not in text]
+    else:
+        problems = [f"{what}: the attack went unnoticed: it completed"]
+    if time.monotonic() - start > PROMPT_SECONDS:
+        problems.append(f"{what}: took {time.monotonic() - start:.1f}s to fail (waited out a timeout?)")
     return problems
+
+
+def _receive_fails(work, expected, adversary):
+    return _fails("the receive", lambda: work.wait(timeout=datetime.timedelta(seconds=PROMPT_SECONDS)), expected,
+                  adversary)
+
+
+def _collective_fails(group, adversary):
+    return _fails("the group's allreduce after the attack", lambda: dist.all_reduce(torch.ones(4), group=group), [],
+                  adversary)
+
+
+def _default_group_right(ctx):
+    """Another group of the same processes is untouched."""
+    t = torch.full((1000,), float(ctx.rank + 1))
+    dist.all_reduce(t)
+    want = sum(range(1, ctx.world_size + 1))
+    return [] if t.eq(want).all() else [f"the default group's allreduce gave {t[:4].tolist()}, not {want}"]
 
 
 def _case_attack(ctx, attack):
@@ -192,35 +216,15 @@ def _case_attack(ctx, attack):
         buffer = torch.full((RECV_FLOATS,), SENTINEL)
         work = dist.irecv(buffer, src=adversary, tag=TAG, group=group)
         dist.barrier()
-        start = time.monotonic()
-        error = None
-        try:
-            work.wait(timeout=datetime.timedelta(seconds=PROMPT_SECONDS))
-        except Exception as e:  # noqa: BLE001 - the type is checked
-            error = e
-        elapsed = time.monotonic() - start
-        problems += _check_failed(error, expected, adversary)
-        if elapsed > PROMPT_SECONDS:
-            problems.append(f"took {elapsed:.1f}s to fail (waited out a timeout?)")
+        problems += _receive_fails(work, expected, adversary)
         # A well-formed eager frame cut short writes its first bytes into the receive's own buffer
         # before the close fails it; no other attack gets a byte in.
         if attack != "truncated_payload" and not buffer.eq(SENTINEL).all():
             problems.append("the failed receive's buffer was written")
-        # The group's collectives fail too, naming the adversary.
-        after = None
-        try:
-            dist.all_reduce(torch.ones(4), group=group)
-        except Exception as e:  # noqa: BLE001 - the type is checked
-            after = e
-        problems += [f"allreduce after the attack: {p}" for p in _check_failed(after, [], adversary)]
+        problems += _collective_fails(group, adversary)
         dist.barrier()
     dist.destroy_process_group(group)
-    # Another group of the same processes is untouched.
-    t = torch.full((1000,), float(ctx.rank + 1))
-    dist.all_reduce(t)
-    if not t.eq(sum(range(1, ctx.world_size + 1))).all():
-        problems.append(f"the default group's allreduce gave {t[:4].tolist()} after the attack")
-    return problems
+    return problems + _default_group_right(ctx)
 
 
 @pytest.mark.parametrize("attack", list(ATTACKS))
@@ -301,31 +305,14 @@ def _case_bystander(ctx):
         work = dist.irecv(buffer[:RECV_FLOATS], src=adversary, tag=TAG, group=group) if ctx.rank == victim else None
         dist.barrier()
         if work is not None:
-            error = None
-            try:
-                work.wait(timeout=datetime.timedelta(seconds=PROMPT_SECONDS))
-            except Exception as e:  # noqa: BLE001 - the type is checked
-                error = e
-            problems += _check_failed(error, ["for a receive of 4096 bytes"], adversary)
+            problems += _receive_fails(work, ["for a receive of 4096 bytes"], adversary)
             if not buffer[RECV_FLOATS:].eq(SENTINEL).all():
                 problems.append("bytes were written past the receive's buffer")
         # Rank 2 stays out: the two others fail, rank 1 told by rank 0.
-        start = time.monotonic()
-        after = None
-        try:
-            dist.all_reduce(torch.ones(4), group=group)
-        except Exception as e:  # noqa: BLE001 - the type is checked
-            after = e
-        problems += [f"allreduce after the attack: {p}" for p in _check_failed(after, [], adversary)]
-        if time.monotonic() - start > PROMPT_SECONDS:
-            problems.append("the allreduce after the attack waited out a timeout")
+        problems += _collective_fails(group, adversary)
         dist.barrier()
     dist.destroy_process_group(group)
-    t = torch.full((1000,), float(ctx.rank + 1))
-    dist.all_reduce(t)
-    if not t.eq(6.0).all():
-        problems.append(f"the default group's allreduce gave {t[:4].tolist()} after the attack")
-    return problems
+    return problems + _default_group_right(ctx)
 
 
 def test_a_forged_frame_fails_the_group_for_every_rank():
@@ -379,21 +366,12 @@ def _case_ring_head(ctx):
         buffer = torch.full((2 * RECV_FLOATS,), SENTINEL)
         work = dist.irecv(buffer[:RECV_FLOATS], src=adversary, tag=TAG, group=group)
         dist.barrier()
-        error = None
-        try:
-            work.wait(timeout=datetime.timedelta(seconds=PROMPT_SECONDS))
-        except Exception as e:  # noqa: BLE001 - the type is checked
-            error = e
-        problems += _check_failed(error, ["ring's head is at byte"], adversary)
+        problems += _receive_fails(work, ["ring's head is at byte"], adversary)
         if not buffer[RECV_FLOATS:].eq(SENTINEL).all():
             problems.append("bytes were written past the receive's buffer")
         dist.barrier()
     dist.destroy_process_group(group)
-    t = torch.full((1000,), float(ctx.rank + 1))
-    dist.all_reduce(t)
-    if not t.eq(3.0).all():
-        problems.append(f"the default group's allreduce gave {t[:4].tolist()} after the attack")
-    return problems
+    return problems + _default_group_right(ctx)
 
 
 def test_a_forged_ring_head_fails_only_its_writer():
