@@ -79,8 +79,13 @@ const char* reduceOpName(c10d::ReduceOp::RedOpType op) {
 
 std::string describeCall(const CallSignature& call) {
   std::ostringstream out;
-  out << collectiveName(static_cast<c10d::OpType>(call.kind - 1)) << " of " << call.nbytes << " bytes "
-      << c10::getDtypeNames(static_cast<at::ScalarType>(call.dtype)).first;
+  // A peer's call comes off the wire: a dtype this build does not know is named by its number.
+  out << collectiveName(static_cast<c10d::OpType>(call.kind - 1)) << " of " << call.nbytes << " bytes ";
+  if (call.dtype < static_cast<uint8_t>(at::ScalarType::NumOptions)) {
+    out << c10::getDtypeNames(static_cast<at::ScalarType>(call.dtype)).first;
+  } else {
+    out << "dtype " << static_cast<int>(call.dtype);
+  }
   std::vector<std::string> details;
   if (call.op != 0) {
     std::string op = call.op <= 9 ? reduceOpName(static_cast<c10d::ReduceOp::RedOpType>(call.op - 1))

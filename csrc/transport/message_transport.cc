@@ -90,6 +90,11 @@ struct MessageTransport::Peer {
   std::vector<char> holding;
   // Receives this rank cleared the peer to send to, by the send's sequence.
   std::unordered_map<uint64_t, std::shared_ptr<Op>> awaitingData;
+  // The sequence of the last ready-to-send the peer announced: each is the one after.
+  uint64_t announced = 0;
+  // Eager payload received and not yet credited back (held, being read, or owed): the peer sent
+  // it within its window, so it is at most eagerWindowBytes.
+  size_t eagerUncredited = 0;
   // Eager payload consumed but not yet credited back.
   size_t creditOwed = 0;
 
@@ -205,8 +210,9 @@ RequestPtr MessageTransport::irecv(int peer, uint64_t tag, const CallSignature& 
     return op;
   }
   if (peer == kAnyPeer) {
-    for (Peer* p : used_) {
-      if (takeHeld(*p, op)) {
+    // By index: a read of the peer's memory (takeHeld) may attach Links, which grows used_.
+    for (size_t i = 0; i < used_.size(); ++i) {
+      if (takeHeld(*used_[i], op)) {
         return op;
       }
     }
@@ -348,6 +354,7 @@ void MessageTransport::credit(Peer& peer, size_t nbytes) {
   Frame frame;
   frame.header.kind = kCreditFrame;
   frame.header.sequence = peer.creditOwed;
+  peer.eagerUncredited -= peer.creditOwed;
   peer.creditOwed = 0;
   queue(peer, std::move(frame));
 }
@@ -483,6 +490,9 @@ bool MessageTransport::onHeader(Peer& peer) {
   bool completed = false;
   peer.target.reset();
   peer.discard = false;
+  if (peer.left) {
+    return brokeProtocol(peer, "a frame of kind " + std::to_string(header.kind) + " after its goodbye");
+  }
   switch (header.kind) {
     case kGoodbyeFrame:
       peer.left = true;
@@ -490,25 +500,31 @@ bool MessageTransport::onHeader(Peer& peer) {
     case kProbeFrame:
       return failDisagreeing(peer.rank, header.sequence, header.call);
     case kCreditFrame:
-      peer.eagerInFlight -= std::min<size_t>(peer.eagerInFlight, header.sequence);
+      if (header.sequence > peer.eagerInFlight) {
+        return brokeProtocol(peer, "a credit of " + std::to_string(header.sequence) + " eager bytes where " +
+                                       std::to_string(peer.eagerInFlight) + " were outstanding");
+      }
+      peer.eagerInFlight -= header.sequence;
       return false;
     case kClearToSendFrame: {
       auto it = peer.awaitingAnswer.find(header.sequence);
-      if (it != peer.awaitingAnswer.end()) {
-        Frame data;
-        data.op = std::move(it->second);
-        peer.awaitingAnswer.erase(it);
-        data.header = WireHeader{data.op->tag, data.op->nbytes, header.sequence, 0, data.op->call, kDataFrame};
-        data.payload = data.op->buf;
-        data.payloadBytes = data.op->nbytes;
-        queue(peer, std::move(data));
+      if (it == peer.awaitingAnswer.end()) {
+        return brokeProtocol(peer, "a clear-to-send for send #" + std::to_string(header.sequence) +
+                                       ", which waits for no answer");
       }
+      Frame data;
+      data.op = std::move(it->second);
+      peer.awaitingAnswer.erase(it);
+      data.header = WireHeader{data.op->tag, data.op->nbytes, header.sequence, 0, data.op->call, kDataFrame};
+      data.payload = data.op->buf;
+      data.payloadBytes = data.op->nbytes;
+      queue(peer, std::move(data));
       return false;
     }
     case kDoneFrame: {
       auto it = peer.awaitingAnswer.find(header.sequence);
       if (it == peer.awaitingAnswer.end()) {
-        return false;
+        return brokeProtocol(peer, "a done for send #" + std::to_string(header.sequence) + ", which waits for no answer");
       }
       endLoan(peer, *it->second);
       it->second->complete = true;
@@ -516,6 +532,12 @@ bool MessageTransport::onHeader(Peer& peer) {
       return true;
     }
     case kReadyToSendFrame: {
+      if (header.sequence != peer.announced + 1) {
+        return brokeProtocol(peer, "a ready-to-send numbered " + std::to_string(header.sequence) + " where #" +
+                                       std::to_string(peer.announced + 1) + " was next (tag " +
+                                       std::to_string(header.tag) + ")");
+      }
+      peer.announced = header.sequence;
       auto op = matchPosted(peer, header.tag);
       if (!op) {
         peer.arrived[header.tag].push_back(Held{header, {}});
@@ -525,15 +547,42 @@ bool MessageTransport::onHeader(Peer& peer) {
       return op->complete;
     }
     case kDataFrame: {
+      // Its payload goes straight into the receive's buffer: it must be the very message that
+      // receive accepted.
       auto it = peer.awaitingData.find(header.sequence);
-      if (it != peer.awaitingData.end()) {
-        peer.target = std::move(it->second);
-        peer.awaitingData.erase(it);
+      if (it == peer.awaitingData.end()) {
+        return brokeProtocol(peer, "a data frame of " + std::to_string(header.nbytes) + " bytes for send #" +
+                                       std::to_string(header.sequence) + ", which this rank did not clear to send (tag " +
+                                       std::to_string(header.tag) + ")");
       }
-      peer.discard = !peer.target;
+      const Op& receive = *it->second;
+      if (header.nbytes != receive.nbytes || header.tag != receive.tag) {
+        return brokeProtocol(peer, "a data frame of " + std::to_string(header.nbytes) + " bytes (tag " +
+                                       std::to_string(header.tag) + ") for a receive of " +
+                                       std::to_string(receive.nbytes) + " bytes (tag " + std::to_string(receive.tag) +
+                                       ")");
+      }
+      peer.target = std::move(it->second);
+      peer.awaitingData.erase(it);
       break;
     }
     case kEagerFrame:
+      // Held or discarded, its payload stays within what the peer's window lets it send unasked.
+      if (header.nbytes > options_.eagerBytes) {
+        return brokeProtocol(peer, "an eager frame of " + std::to_string(header.nbytes) +
+                                       " bytes, above the eager limit of " + std::to_string(options_.eagerBytes) +
+                                       " bytes (TORUS_EAGER_BYTES must be the same on every rank) (tag " +
+                                       std::to_string(header.tag) + ")");
+      }
+      if (header.nbytes > options_.eagerWindowBytes - peer.eagerUncredited) {
+        return brokeProtocol(peer, "an eager frame of " + std::to_string(header.nbytes) + " bytes with " +
+                                       std::to_string(peer.eagerUncredited) +
+                                       " eager bytes not yet credited back, past the eager window of " +
+                                       std::to_string(options_.eagerWindowBytes) +
+                                       " bytes (TORUS_EAGER_WINDOW must be the same on every rank) (tag " +
+                                       std::to_string(header.tag) + ")");
+      }
+      peer.eagerUncredited += header.nbytes;
       peer.target = matchPosted(peer, header.tag);
       if (peer.target && !peer.target->accepts(peer.rank, header.call, header.nbytes)) {
         peer.target.reset();
@@ -545,15 +594,15 @@ bool MessageTransport::onHeader(Peer& peer) {
       break;
     case kFaultFrame:
       if (peer.header.nbytes > kFaultTextBytes) {
-        failPeer(peer.rank, rankName(peer.rank) + " gave up on the group (its reason was too long to read)");
+        failPeer(peer.rank, rankName(peer.rank) + " gave up on the group (its reason, of " +
+                                std::to_string(peer.header.nbytes) + " bytes, was too long to read)");
         return true;
       }
       peer.holding.resize(header.nbytes);
       break;
     default:
-      failPeer(peer.rank, rankName(peer.rank) + " sent a frame of unknown kind " + std::to_string(header.kind) +
-                              ": the ranks run different versions of torch_torus");
-      return true;
+      return brokeProtocol(peer, "a frame of unknown kind " + std::to_string(header.kind) +
+                                     " (the ranks may run different versions of torch_torus)");
   }
   peer.payloadRead = 0;
   if (payloadBytes(header) > 0) {
@@ -598,6 +647,12 @@ bool MessageTransport::onPayload(Peer& peer) {
     late->complete = true;
   }
   credit(peer, held.payload.size());
+  return true;
+}
+
+bool MessageTransport::brokeProtocol(Peer& peer, const std::string& what) {
+  failPeer(peer.rank, rankName(peer.rank) + " broke the wire protocol: it sent " + what +
+                          "; this rank reads nothing more from it");
   return true;
 }
 
@@ -770,7 +825,9 @@ void MessageTransport::checkHeldCalls() {
 void MessageTransport::probeWaits() {
   // Ranks that disagree on a collective but exchange no message at all would otherwise wait out
   // their timeouts: tell each peer waited on which collective this rank waits in, once each.
-  for (Peer* peer : used_) {
+  // By index: a write that fails reads what the peer sent, which may attach Links (used_ grows).
+  for (size_t i = 0; i < used_.size(); ++i) {
+    Peer* peer = used_[i];
     if (!peer->failure.empty()) {
       continue;
     }
@@ -816,9 +873,11 @@ std::optional<CallSignature> MessageTransport::arrivedCall(int rank, uint64_t ta
 std::optional<Transport::StrayMessage> MessageTransport::strayMessage(uint64_t upToTag) {
   std::lock_guard<std::mutex> lock(mutex_);
   if (readsCheaply()) {
-    for (Peer* peer : used_) {
-      if (peer->failure.empty()) {
-        readOutOfTurn(*peer);
+    // By index: a read may attach Links (a ready-to-send read from the peer's memory makes
+    // progress, which may answer another peer's hello), which grows used_.
+    for (size_t i = 0; i < used_.size(); ++i) {
+      if (used_[i]->failure.empty()) {
+        readOutOfTurn(*used_[i]);
       }
     }
   }

@@ -202,6 +202,9 @@ class MessageTransport : public PolledTransport {
   void failPending(Peer& peer, CommError::Kind kind, const std::string& why);
   // The peer read the send's payload or never will: the Link's loan of it ends.
   void endLoan(Peer& peer, Op& op);
+  // The peer sent `what`, which the protocol never sends (a corrupt or forged frame): fails it,
+  // as a peer failure, before anything of the frame is written or acted on; returns true.
+  bool brokeProtocol(Peer& peer, const std::string& what);
   void peerClosed(Peer& peer);
   void checkHeldCalls();
   void probeWaits();

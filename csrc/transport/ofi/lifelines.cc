@@ -122,12 +122,17 @@ bool Lifelines::readLine(Line& line, int* peer) {
       *peer = hello.rank;
     }
     Peer& p = peers_[*peer];
-    if (p.farewell || line.inbound.size() < sizeof(FarewellHeader)) {
+    if (p.farewell) {
+      line.inbound.clear(); // a farewell is the last word: what follows is not kept
+      continue;
+    }
+    if (line.inbound.size() < sizeof(FarewellHeader)) {
       continue;
     }
     FarewellHeader header;
     std::memcpy(&header, line.inbound.data(), sizeof(header));
-    if (header.magic != kFarewellMagic || header.whyBytes > kWhyBytes) {
+    if (header.magic != kFarewellMagic || (header.kind != Farewell::kGoodbye && header.kind != Farewell::kFault) ||
+        header.whyBytes > kWhyBytes) {
       return false;
     }
     if (line.inbound.size() < sizeof(header) + header.whyBytes) {

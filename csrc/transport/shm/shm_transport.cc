@@ -227,11 +227,11 @@ class ShmTransport::RingLink : public Link {
     for (int i = 0; i < count; ++i) {
       wanted += parts[i].iov_len;
     }
-    uint64_t free = kRingBytes - (sendPos_ - out_->tail.load(std::memory_order_acquire));
+    uint64_t free = freeBytes(out_->tail.load(std::memory_order_acquire));
     if (free < wanted) {
       // Ask the consumer to ring us when it frees space, then look again in case it just did.
       out_->producerWaiting.store(1, std::memory_order_seq_cst);
-      free = kRingBytes - (sendPos_ - out_->tail.load(std::memory_order_seq_cst));
+      free = freeBytes(out_->tail.load(std::memory_order_seq_cst));
     }
     size_t took = 0;
     for (int i = 0; i < count && free > 0; ++i) {
@@ -245,7 +245,16 @@ class ShmTransport::RingLink : public Link {
   }
 
   ssize_t read(char* dst, size_t n) override {
-    const uint64_t available = in_->head.load(std::memory_order_acquire) - recvPos_;
+    const uint64_t head = in_->head.load(std::memory_order_acquire);
+    const uint64_t available = head - recvPos_;
+    // The peer writes the head in this rank's segment: a head behind what was read, or ahead by
+    // more than the ring holds, would copy from past the ring.
+    if (head < recvPos_ || available > kRingBytes) {
+      throw CommError(CommError::Kind::kPeer, "rank " + std::to_string(peerRank_) + " broke the wire protocol: its " +
+                                                  "ring's head is at byte " + std::to_string(head) + " where " +
+                                                  std::to_string(recvPos_) + " were read and the ring holds " +
+                                                  std::to_string(kRingBytes));
+    }
     const size_t got = std::min<uint64_t>(n, available);
     copyOut(dst, in_->data, recvPos_, got);
     recvPos_ += got;
@@ -273,6 +282,18 @@ class ShmTransport::RingLink : public Link {
   }
 
  private:
+  // Room in the ring out, given the consumer's tail, which the peer writes in its segment: a tail
+  // ahead of what was written, or behind it by more than the ring holds, would copy past the ring.
+  uint64_t freeBytes(uint64_t tail) const {
+    if (tail > sendPos_ || sendPos_ - tail > kRingBytes) {
+      throw CommError(CommError::Kind::kPeer, "rank " + std::to_string(peerRank_) + " broke the wire protocol: its " +
+                                                  "ring's tail is at byte " + std::to_string(tail) + " where " +
+                                                  std::to_string(sendPos_) + " were written and the ring holds " +
+                                                  std::to_string(kRingBytes));
+    }
+    return kRingBytes - (sendPos_ - tail);
+  }
+
   SharedRing* out_;
   SharedRing* in_;
   ControlBlock* peerControl_;
