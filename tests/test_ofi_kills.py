@@ -16,6 +16,9 @@ kills the stopped victim while it waits:
 * farewell: the survivor destroys its group while its goodbye waits behind chunks the stopped
   victim never takes. abort: the same after abort().
 
+And a peer that destroys its group in the middle of a message, whose goodbye comes on its
+lifeline alone, has left the group: its receiver does not take it for a crash.
+
 Each rank is a process of its own (spawned: a killed rank must not take a pool down), bounded by
 timeouts on every wait. Skips, saying why, without libfabric.
 """
@@ -172,3 +175,51 @@ def test_peer_killed_at_each_wait(tmp_path, provider, point):
     for name in left:
         os.unlink(name)
     assert not left, f"{provider}/{point}: left in /dev/shm: {left}"
+
+
+# ------------------------------------------------------------------ a peer that leaves mid-frame
+
+
+def _leaver(rank, path, provider, queue):
+    os.environ.update(TORUS_TRANSPORT="ofi", TORUS_OFI_PROVIDER=provider, TORUS_OFI_RMA_BYTES="1G")
+    import torch
+    import torch.distributed as dist
+    import torch_torus  # noqa: F401
+
+    dist.init_process_group("torus", init_method="file://" + path, rank=rank, world_size=2,
+                            timeout=datetime.timedelta(seconds=GROUP_TIMEOUT))
+    count = 64 << 20  # 256 MiB: still streaming when rank 1 leaves
+    start = time.monotonic()
+    if rank == 1:
+        dist.isend(torch.ones(count), dst=0, tag=5)
+        time.sleep(0.2)
+        dist.destroy_process_group()
+        return
+    try:
+        dist.recv(torch.empty(count), src=1, tag=5)
+        queue.put(("returned", time.monotonic() - start))
+    except Exception as e:  # noqa: BLE001 - reported to the test
+        queue.put((f"{type(e).__name__}: {e}", time.monotonic() - start))
+    dist.destroy_process_group()
+
+
+@pytest.mark.parametrize("provider", ["tcp", "shm"])
+def test_peer_that_leaves_mid_message_has_left(tmp_path, provider):
+    """A peer that destroys its group in the middle of a message sends no goodbye frame on its
+    stream, only on its lifeline: the receive fails saying that it left, not that it crashed."""
+    context = multiprocessing.get_context("spawn")
+    queue = context.Queue()
+    procs = [context.Process(target=_leaver, args=(r, str(tmp_path / "store"), provider, queue)) for r in range(2)]
+    for p in procs:
+        p.start()
+    try:
+        outcome, seconds = queue.get(timeout=60 + GROUP_TIMEOUT)
+    finally:
+        for p in procs:
+            p.join(timeout=10)
+            if p.is_alive():
+                p.kill()
+                p.join()
+    assert outcome != "returned", "the receive of a message its sender left in the middle of returned"
+    assert "rank 1 left the group" in outcome, f"{provider}: the leaver is not named as leaving: {outcome}"
+    assert seconds < GROUP_TIMEOUT + 5, f"{provider}: took {seconds:.1f} s: {outcome}"
