@@ -72,6 +72,24 @@ def _kill(pid: int) -> None:
         pass
 
 
+def _start(target, path, *args):
+    """Two spawned ranks running target(rank, path, *args, queue), and the queue they report on."""
+    context = multiprocessing.get_context("spawn")
+    queue = context.Queue()
+    procs = [context.Process(target=target, args=(r, path, *args, queue)) for r in range(2)]
+    for p in procs:
+        p.start()
+    return procs, queue
+
+
+def _reap(procs) -> None:
+    for p in procs:
+        p.join(timeout=10)
+        if p.is_alive():
+            p.kill()
+            p.join()
+
+
 def _rank(rank, path, provider, point, queue):
     os.environ.update(TORUS_TRANSPORT="ofi", TORUS_OFI_PROVIDER=provider,
                       TORUS_OFI_RMA_BYTES="64K" if point.startswith("rma-read") else "64M")
@@ -142,12 +160,7 @@ def _rank(rank, path, provider, point, queue):
 @pytest.mark.parametrize("point", POINTS)
 @pytest.mark.parametrize("provider", ["tcp", "shm"])
 def test_peer_killed_at_each_wait(tmp_path, provider, point):
-    context = multiprocessing.get_context("spawn")
-    queue = context.Queue()
-    procs = [context.Process(target=_rank, args=(r, str(tmp_path / "store"), provider, point, queue))
-             for r in range(2)]
-    for p in procs:
-        p.start()
+    procs, queue = _start(_rank, str(tmp_path / "store"), provider, point)
     reports = {}
     try:
         while "destroy" not in reports:
@@ -157,11 +170,7 @@ def test_peer_killed_at_each_wait(tmp_path, provider, point):
     except Exception as e:  # noqa: BLE001
         raise AssertionError(f"{provider}/{point}: the survivor hung ({type(e).__name__}); it reported {reports}")
     finally:
-        for p in procs:
-            p.join(timeout=10)
-            if p.is_alive():
-                p.kill()
-                p.join()
+        _reap(procs)
     for what, (outcome, seconds) in reports.items():
         assert seconds < GROUP_TIMEOUT + 5, f"{provider}/{point}: {what} took {seconds:.1f} s: {outcome}"
     for what in ("wait", "later"):
@@ -209,19 +218,11 @@ def _leaver(rank, path, provider, queue):
 def test_peer_that_leaves_mid_message_has_left(tmp_path, provider):
     """A peer that destroys its group in the middle of a message sends no goodbye frame on its
     stream, only on its lifeline: the receive fails saying that it left, not that it crashed."""
-    context = multiprocessing.get_context("spawn")
-    queue = context.Queue()
-    procs = [context.Process(target=_leaver, args=(r, str(tmp_path / "store"), provider, queue)) for r in range(2)]
-    for p in procs:
-        p.start()
+    procs, queue = _start(_leaver, str(tmp_path / "store"), provider)
     try:
         outcome, seconds = queue.get(timeout=STARTUP + GROUP_TIMEOUT)
     finally:
-        for p in procs:
-            p.join(timeout=10)
-            if p.is_alive():
-                p.kill()
-                p.join()
+        _reap(procs)
     assert outcome != "returned", "the receive of a message its sender left in the middle of returned"
     assert "rank 1 left the group" in outcome, f"{provider}: the leaver is not named as leaving: {outcome}"
     assert seconds < GROUP_TIMEOUT + 5, f"{provider}: took {seconds:.1f} s: {outcome}"
