@@ -32,6 +32,12 @@ class Link {
   }
   // After reads: frees what they consumed and wakes a peer waiting for the space.
   virtual void consumed() {}
+  // After read() returned -1: the peer left the group (destroyed it), which the Link learned
+  // out of band, though no goodbye frame came on the stream (it left mid-frame, or before it
+  // had a stream to this process).
+  virtual bool peerSaidGoodbye() const {
+    return false;
+  }
 
   // Messages larger than this go by the peer reading this process's memory (readPeerMemory on
   // its side) instead of through the stream; SIZE_MAX: never.

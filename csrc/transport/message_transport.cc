@@ -660,7 +660,7 @@ void MessageTransport::peerClosed(Peer& peer) {
   if (peer.inPayload && peer.header.kind == kFaultFrame) {
     failPeer(peer.rank, rankName(peer.rank) + " gave up on the group: " +
                             std::string(peer.holding.data(), peer.payloadRead));
-  } else if (peer.left) {
+  } else if (peer.left || peer.link->peerSaidGoodbye()) {
     // What the peer received before it left is delivered, though its Link may have
     // learned so only from the peer's goodbye.
     confirmSends(peer);
@@ -933,6 +933,7 @@ void MessageTransport::progress(std::unique_lock<std::mutex>& lock, Deadline dea
 }
 
 void MessageTransport::abort(const std::string& why) {
+  abortRequested();
   std::lock_guard<std::mutex> lock(mutex_);
   if (!abortReason_.empty()) {
     return;

@@ -110,6 +110,9 @@ class MessageTransport : public PolledTransport {
   virtual void whenIdle() {}
   // abort(): tells the peers why, before their requests fail.
   virtual void announceAbort(const std::string& why) = 0;
+  // abort() was called, by any thread, before it takes mutex_ (without it): a wait of the
+  // transport's that holds mutex_ ends now.
+  virtual void abortRequested() {}
   // Whether a look at every Link costs no system call (then strayMessage reads them first).
   virtual bool readsCheaply() const {
     return false;

@@ -4,9 +4,11 @@
 #include <rdma/fi_endpoint.h>
 
 #include <dlfcn.h>
+#include <sys/mman.h>
 #include <unistd.h>
 
 #include <atomic>
+#include <cctype>
 #include <cstdlib>
 #include <cstring>
 #include <stdexcept>
@@ -273,6 +275,39 @@ void Fabric::deregister(Region& region) {
 
 const char* errorText(int error) {
   return library().strerror(error);
+}
+
+namespace {
+
+// The segment an shm endpoint's name (its address: "[fi_shm://]<name>", NUL-padded) lives in.
+std::string segmentName(const std::string& name) {
+  std::string segment = name.substr(0, name.find('\0'));
+  const auto scheme = segment.find("://");
+  return scheme == std::string::npos ? segment : segment.substr(scheme + 3);
+}
+
+constexpr const char* kSegmentPrefix = "torus_";
+
+} // namespace
+
+void Fabric::unlinkSegment(const std::string& name) const {
+  if (std::string(providerName()) == "shm" && segmentOwner(name) > 0) {
+    ::shm_unlink(segmentName(name).c_str());
+  }
+}
+
+int Fabric::segmentOwner(const std::string& name) {
+  const std::string segment = segmentName(name);
+  if (segment.rfind(kSegmentPrefix, 0) != 0) {
+    return 0;
+  }
+  // A pid has at most 9 digits here (pid_max is at most 2^22); the name may come from a peer.
+  int pid = 0;
+  for (size_t i = std::strlen(kSegmentPrefix), end = std::min(segment.size(), i + 9);
+       i < end && std::isdigit(static_cast<unsigned char>(segment[i])); ++i) {
+    pid = pid * 10 + (segment[i] - '0');
+  }
+  return pid;
 }
 
 uint64_t Fabric::remoteAddress(uint64_t address) const {

@@ -73,6 +73,16 @@ class Fabric {
   // The provider needs local buffers registered (FI_MR_LOCAL).
   bool registersLocal() const;
 
+  // The shm provider keeps each endpoint in a segment of /dev/shm named after the endpoint's
+  // name, which peers open by that name once, when they first reach it; the provider removes it
+  // when the endpoint closes, so a killed process leaves it behind. Removes the name of the
+  // segment of the endpoint named `name` (this one's, or a dead peer's); those that have it
+  // open keep it. Nothing for other providers.
+  void unlinkSegment(const std::string& name) const;
+  // The process that made the shm segment of the endpoint named `name` (torus names them
+  // "torus_<pid>_<n>"); 0 when the name is none of those.
+  static int segmentOwner(const std::string& name);
+
   // Registers [buf, buf + n) for `access` (FI_SEND | FI_RECV | FI_READ, FI_REMOTE_READ). Returns
   // false, with *why set, when the provider refuses.
   bool registerMemory(const void* buf, size_t n, uint64_t access, Region* region, std::string* why);

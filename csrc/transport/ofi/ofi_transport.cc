@@ -8,8 +8,10 @@
 #include <sys/eventfd.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <cstring>
 #include <deque>
+#include <fstream>
 #include <unordered_map>
 
 #include "transport/ofi/fabric.h"
@@ -51,6 +53,10 @@ constexpr auto kStreamEndGrace = std::chrono::seconds(2);
 constexpr auto kFarewellGrace = std::chrono::milliseconds(500);
 // Messages above this go by RMA reads by default, where the provider reads in hardware.
 constexpr size_t kDefaultRmaAbove = 256 * 1024;
+// An RMA read lands in memory of the stream's own, this much at a time, and is copied from there
+// into the receive's buffer: a read given up on (its peer died, the group aborted, its deadline
+// passed) may still land later, and must never land in a buffer its failed receive gave back.
+constexpr size_t kReadPieceBytes = 4 << 20;
 
 enum PostKind : int { kSlotReceive = 1, kChunkSend, kControlReceive, kControlSend, kHelloReceive, kHelloSend, kRead };
 
@@ -71,6 +77,17 @@ std::string toHex(const std::string& bytes) {
     text += digits[c & 15];
   }
   return text;
+}
+
+// Whether process `pid` is gone (a zombie counts: it runs no more).
+bool processGone(int pid) {
+  std::ifstream stat("/proc/" + std::to_string(pid) + "/stat");
+  std::string line;
+  if (!std::getline(stat, line)) {
+    return true;
+  }
+  const auto close = line.rfind(')');
+  return close == std::string::npos || close + 2 >= line.size() || line[close + 2] == 'Z' || line[close + 2] == 'X';
 }
 
 std::string fromHex(const std::string& text) {
@@ -110,6 +127,9 @@ class OfiTransport : public MessageTransport {
   bool sleep(std::unique_lock<std::mutex>& lock, Deadline deadline) override;
   void wakeSleeper() override;
   void announceAbort(const std::string& why) override;
+  void abortRequested() override {
+    aborting_ = true;
+  }
   bool readsCheaply() const override {
     return true;
   }
@@ -123,9 +143,17 @@ class OfiTransport : public MessageTransport {
   bool advanceLookup(int peer, Lookup& lookup);
   // One step of every lookup; true when one ended.
   bool advanceLookups();
-  // The stream to `peer` at `address`, made and attached; `dialed`: this rank asked for it (it
-  // says hello and dials the lifeline), else the peer did.
-  void makeStream(int peer, fi_addr_t address, const std::string& lifeline, bool dialed);
+  // The stream to `peer`, whose endpoint is `name`, made and attached; `dialed`: this rank asked
+  // for it (it says hello and dials the lifeline), else the peer did. Throws std::runtime_error
+  // when the address vector refuses the name.
+  void makeStream(int peer, const std::string& name, const std::string& lifeline, bool dialed);
+  // The peer sent this rank something over the fabric: with the shm provider, it has mapped this
+  // endpoint's segment. Once every peer has, the segment's name goes (nothing is left in
+  // /dev/shm if this process is killed).
+  void heardFrom(Stream& stream);
+  // With the shm provider: removes the segment of each peer whose lifeline ended without a
+  // farewell and whose process is gone (killed: nothing else would).
+  void clearDeadSegments();
   void postHello(int slot);
   void onHello(const HelloMessage& hello);
   // Looks at the lifelines (at most every kLifelineCheck unless `now`); true when a peer ended.
@@ -151,15 +179,35 @@ class OfiTransport : public MessageTransport {
   Clock::time_point nextLifelineCheck_;
   Clock::time_point lastIdle_ = Clock::now();
   bool destroying_ = false;
+  std::atomic<bool> aborting_{false}; // abort() was called: set before it takes the lock
+  int heardFrom_ = 0; // peers that sent this rank something over the fabric
+  bool deadSegments_ = false; // a dead peer's segment waits for its process to be gone
 };
 
 // The Link to one peer: a stream of chunks each way (see the header).
 struct OfiTransport::Stream : Link {
   enum class Chunk { kFree, kFilling, kSealed, kPosted };
 
+  // One RMA read of the peer's memory into memory of the stream's own. Lives until its completion
+  // arrives or the endpoint closes, also when given up on, so that a late completion finds it
+  // (and completes no later read).
+  struct Read {
+    ofi::Posted post;
+    Stream* stream = nullptr;
+    int state = 0; // 1: done, -1: failed (error says why)
+    std::string error;
+    bool abandoned = false;
+    std::unique_ptr<char[]> memory;
+    size_t capacity = 0;
+    ofi::Region region;
+  };
+
   OfiTransport* transport = nullptr;
   int peer = -1;
   fi_addr_t address = FI_ADDR_UNSPEC;
+  std::string name; // the peer's endpoint
+  bool heard = false; // the peer sent something over the fabric
+  bool segmentCleared = false; // its shm segment removed after it died
   // Receive slots, then send chunks, then the credit words: one allocation, registered at once
   // where the provider needs local memory registered.
   std::unique_ptr<char[]> memory;
@@ -233,7 +281,19 @@ struct OfiTransport::Stream : Link {
       transport->fabric_.deregister(loan);
     }
     loans.clear();
+    if (reader) {
+      transport->fabric_.deregister(reader->region);
+    }
+    for (auto& read : abandoned) {
+      transport->fabric_.deregister(read->region);
+    }
     transport->fabric_.deregister(region);
+  }
+
+  // The peer's lifeline ended: nothing more is posted to it (a send to a dead peer may never
+  // return to the shm provider, and no peer that ended reads any more).
+  bool gone() const {
+    return transport->lifelines_.ended(peer);
   }
 
   void broke(const std::string& what, ssize_t result) {
@@ -285,7 +345,7 @@ struct OfiTransport::Stream : Link {
   // Sends sealed chunks while the peer has slots for them; true when one went.
   bool postChunks() {
     bool sent = false;
-    while (!sealed.empty() && credits > 0 && error.empty()) {
+    while (!sealed.empty() && credits > 0 && error.empty() && !gone()) {
       const int i = sealed.front();
       if (!taken(fi_tsend(ep(), chunk(i), chunkBytes[i], desc, address, ownTag(kStreamTag), &chunkPosts[i]),
                  "sending")) {
@@ -318,7 +378,7 @@ struct OfiTransport::Stream : Link {
 
   // Returns freed slots' credits to the peer; true when some went.
   bool sendCredits() {
-    if (creditsToSend == 0 || controlSendBusy || !error.empty()) {
+    if (creditsToSend == 0 || controlSendBusy || !error.empty() || gone()) {
       return false;
     }
     creditWords()[1] = creditsToSend;
@@ -333,7 +393,7 @@ struct OfiTransport::Stream : Link {
   }
 
   bool sendHello() {
-    if (!helloToSend || helloBusy) {
+    if (!helloToSend || helloBusy || gone()) {
       return false;
     }
     if (!taken(fi_tsend(ep(), &hello(), sizeof(HelloMessage), desc, address, ownTag(kHelloTag), &helloPost),
@@ -535,6 +595,11 @@ struct OfiTransport::Stream : Link {
     sendCredits();
   }
 
+  bool peerSaidGoodbye() const override {
+    const auto& farewell = transport->lifelines_.farewell(peer);
+    return farewell && farewell->kind == ofi::Farewell::kGoodbye;
+  }
+
   size_t peerReadsAbove() const override {
     return transport->fabric_.offersRma() ? transport->rmaAbove_ : SIZE_MAX;
   }
@@ -559,49 +624,122 @@ struct OfiTransport::Stream : Link {
   }
 
   void readPeerMemory(uint64_t address, uint64_t key, char* dst, size_t n) override;
+  // Reads n bytes at `remote` into reader, waiting at most until `deadline`. Throws CommError.
+  void readPiece(uint64_t remote, uint64_t key, size_t n, Deadline deadline);
+  // Throws CommError when a read of n bytes can end well no more: the peer's lifeline ended, an
+  // operation with it failed, the group is being aborted, or the deadline passed. A read that
+  // was `posted` is given up on first (abandoned).
+  void checkRead(size_t n, Deadline deadline, bool posted);
+  // Its completion arrived: a read given up on goes, with its memory and registration.
+  void finishRead(Read* read, int state, const std::string& why);
 
-  // The RMA read in flight: its completion sets done (1) or failed (-1).
-  ofi::Posted readPost;
-  int readState = 0;
-  std::string readError;
+  std::unique_ptr<Read> reader; // the memory reads land in, between reads; made at the first
+  std::vector<std::unique_ptr<Read>> abandoned; // reads given up on whose completion has not come
 };
 
 void OfiTransport::Stream::readPeerMemory(uint64_t remote, uint64_t key, char* dst, size_t n) {
-  ofi::Fabric& fabric = transport->fabric_;
-  ofi::Region local;
-  std::string why;
-  if (fabric.registersLocal() && !fabric.registerMemory(dst, n, FI_READ, &local, &why)) {
-    throw CommError(CommError::Kind::kPeer, "cannot read " + std::to_string(n) + " bytes from " + rankName(peer) +
-                                                ": " + why);
+  // The read holds the transport's lock (the layer is in the middle of this peer's frame), so it
+  // waits no longer than the group's timeout, and each pass looks at the peer's lifeline and at
+  // abort(), which ends it at once.
+  const Deadline deadline = Clock::now() + transport->timeout_;
+  checkRead(n, deadline, false);
+  const uint64_t base = transport->fabric_.remoteAddress(remote);
+  for (size_t done = 0; done < n;) {
+    const size_t part = std::min(kReadPieceBytes, n - done);
+    readPiece(base + done, key, part, deadline);
+    std::memcpy(dst + done, reader->memory.get(), part);
+    done += part;
   }
-  readState = 0;
-  readPost.owner = this;
-  readPost.kind = kRead;
+}
+
+void OfiTransport::Stream::readPiece(uint64_t remote, uint64_t key, size_t n, Deadline deadline) {
+  ofi::Fabric& fabric = transport->fabric_;
+  if (!reader || reader->capacity < n) {
+    if (reader) {
+      fabric.deregister(reader->region);
+    }
+    reader = std::make_unique<Read>();
+    reader->stream = this;
+    reader->post = ofi::Posted{{}, reader.get(), kRead, 0};
+    reader->capacity = std::min(kReadPieceBytes, std::max(n, kChunkBytes));
+    reader->memory.reset(new char[reader->capacity]);
+    std::string why;
+    if (fabric.registersLocal() &&
+        !fabric.registerMemory(reader->memory.get(), reader->capacity, FI_READ, &reader->region, &why)) {
+      reader.reset();
+      throw CommError(CommError::Kind::kPeer, "cannot read " + std::to_string(n) + " bytes from " + rankName(peer) +
+                                                  ": " + why);
+    }
+  }
+  Read& read = *reader;
+  read.state = 0;
+  read.error.clear();
   ssize_t result;
-  while ((result = fi_read(ep(), dst, n, local.desc, address, fabric.remoteAddress(remote), key, &readPost)) ==
+  while ((result = fi_read(ep(), read.memory.get(), n, read.region.desc, address, remote, key, &read.post)) ==
          -FI_EAGAIN) {
-    transport->pump();
+    // rxm answers -FI_EAGAIN for as long as a killed peer's connection is not torn down.
+    if (!transport->pump()) {
+      sched_yield();
+    }
+    checkRead(n, deadline, false);
   }
   if (result != 0) {
-    fabric.deregister(local);
     throw CommError(CommError::Kind::kPeer, "libfabric: reading " + std::to_string(n) + " bytes from " +
                                                 rankName(peer) + " failed: " + ofi::errorText(static_cast<int>(-result)));
   }
   // The peer serves the read when it makes progress, which it does while it waits for this
   // answer; this rank's other streams move meanwhile.
-  while (readState == 0) {
+  while (read.state == 0) {
     if (!transport->pump()) {
-      if (transport->checkLifelines(false) && transport->lifelines_.ended(peer)) {
-        // The read may still land: the memory stays registered until the endpoint closes.
-        throw CommError(CommError::Kind::kPeer, endedWhy());
-      }
       sched_yield();
     }
+    if (read.state == 0) {
+      checkRead(n, deadline, true);
+    }
   }
-  fabric.deregister(local);
-  if (readState < 0) {
+  if (read.state < 0) {
     throw CommError(CommError::Kind::kPeer, "libfabric: reading " + std::to_string(n) + " bytes from " +
-                                                rankName(peer) + " failed: " + readError);
+                                                rankName(peer) + " failed: " + read.error);
+  }
+}
+
+void OfiTransport::Stream::checkRead(size_t n, Deadline deadline, bool posted) {
+  transport->checkLifelines(false);
+  CommError::Kind kind = CommError::Kind::kPeer;
+  std::string why;
+  if (gone()) {
+    why = endedWhy();
+  } else if (!error.empty()) {
+    why = error;
+  } else if (transport->aborting_) {
+    kind = CommError::Kind::kAborted;
+    why = "the group was aborted while reading " + std::to_string(n) + " bytes from " + rankName(peer);
+  } else if (Clock::now() >= deadline) {
+    kind = CommError::Kind::kTimeout;
+    why = "timed out reading " + std::to_string(n) + " bytes from " + rankName(peer) + " after " +
+          std::to_string(transport->timeout_.count()) + " ms";
+  } else {
+    return;
+  }
+  if (posted) {
+    reader->abandoned = true;
+    abandoned.push_back(std::move(reader));
+  }
+  throw CommError(kind, why);
+}
+
+void OfiTransport::Stream::finishRead(Read* read, int state, const std::string& why) {
+  if (!read->abandoned) {
+    read->state = state;
+    read->error = why;
+    return;
+  }
+  transport->fabric_.deregister(read->region);
+  for (auto it = abandoned.begin(); it != abandoned.end(); ++it) {
+    if (it->get() == read) {
+      abandoned.erase(it);
+      return;
+    }
   }
 }
 
@@ -674,6 +812,7 @@ OfiTransport::~OfiTransport() {
   }
   lifelines_.closeAll(std::chrono::duration_cast<std::chrono::milliseconds>(
       std::max<Clock::duration>(Clock::duration::zero(), until - Clock::now())));
+  clearDeadSegments();
   // The endpoint closes before the memory its receives were posted into is freed.
   for (Stream* stream : made_) {
     stream->release();
@@ -695,11 +834,12 @@ void OfiTransport::postHello(int slot) {
   }
 }
 
-void OfiTransport::makeStream(int peer, fi_addr_t address, const std::string& lifeline, bool dialed) {
+void OfiTransport::makeStream(int peer, const std::string& name, const std::string& lifeline, bool dialed) {
   auto stream = std::make_unique<Stream>();
   stream->transport = this;
   stream->peer = peer;
-  stream->address = address;
+  stream->address = fabric_.insert(name);
+  stream->name = name;
   stream->memory.reset(new char[Stream::kMemoryBytes]);
   std::string why;
   if (fabric_.registersLocal() &&
@@ -740,13 +880,20 @@ void OfiTransport::makeStream(int peer, fi_addr_t address, const std::string& li
 void OfiTransport::onHello(const HelloMessage& hello) {
   const int peer = hello.rank;
   if (hello.magic != kHelloMagic || hello.size != size() || peer < 0 || peer >= size() || peer == rank() ||
-      hello.nameBytes > sizeof(hello.name) || streams_[peer]) {
+      hello.nameBytes > sizeof(hello.name)) {
+    return;
+  }
+  if (streams_[peer]) {
+    heardFrom(*streams_[peer]);
     return;
   }
   // A peer that says hello after the group failed gets a stream all the same: it carries why.
   lookups_.erase(peer);
   try {
-    makeStream(peer, fabric_.insert(std::string(hello.name, hello.nameBytes)), "", false);
+    makeStream(peer, std::string(hello.name, hello.nameBytes), "", false);
+    if (streams_[peer]) {
+      heardFrom(*streams_[peer]);
+    }
   } catch (const std::exception& e) {
     failPeer(peer, std::string("torus: cannot reach ") + rankName(peer) + ": " + e.what());
   }
@@ -793,7 +940,7 @@ bool OfiTransport::advanceLookup(int peer, Lookup& lookup) {
     if (space == std::string::npos) {
       throw std::runtime_error("its published address '" + published + "' is not an OFI one");
     }
-    makeStream(peer, fabric_.insert(fromHex(published.substr(space + 1))), published.substr(0, space), true);
+    makeStream(peer, fromHex(published.substr(space + 1)), published.substr(0, space), true);
   } catch (const std::exception& e) {
     failPeer(peer, cannot + " over libfabric: " + e.what());
   }
@@ -821,16 +968,23 @@ void OfiTransport::completed(ofi::Posted* posted, size_t bytes) {
     postHello(posted->index);
     return;
   }
+  if (posted->kind == kRead) {
+    auto* read = static_cast<Stream::Read*>(posted->owner);
+    read->stream->finishRead(read, 1, "");
+    return;
+  }
   auto* stream = static_cast<Stream*>(posted->owner);
   switch (posted->kind) {
     case kSlotReceive:
       stream->filled[posted->index] = true;
       stream->slotBytes[posted->index] = bytes;
+      heardFrom(*stream);
       break;
     case kChunkSend:
       stream->sent(posted->index);
       break;
     case kControlReceive:
+      heardFrom(*stream);
       stream->credits += static_cast<int>(stream->creditWords()[0]);
       stream->controlReceivePosted = false;
       stream->postControlReceive();
@@ -841,9 +995,6 @@ void OfiTransport::completed(ofi::Posted* posted, size_t bytes) {
       break;
     case kHelloSend:
       stream->helloBusy = false;
-      break;
-    case kRead:
-      stream->readState = 1;
       break;
   }
 }
@@ -856,12 +1007,12 @@ void OfiTransport::failed(ofi::Posted* posted, const std::string& why) {
     hellosToPost_.push_back(posted->index);
     return;
   }
-  auto* stream = static_cast<Stream*>(posted->owner);
   if (posted->kind == kRead) {
-    stream->readState = -1;
-    stream->readError = why;
+    auto* read = static_cast<Stream::Read*>(posted->owner);
+    read->stream->finishRead(read, -1, why);
     return;
   }
+  auto* stream = static_cast<Stream*>(posted->owner);
   if (stream->error.empty()) {
     stream->error = "libfabric: an operation with " + rankName(stream->peer) + " failed: " + why;
   }
@@ -880,7 +1031,7 @@ bool OfiTransport::pump() {
     postHello(slot);
   }
   for (Stream* stream : made_) {
-    if (!lifelines_.ended(stream->peer) || !stream->farewell.empty()) {
+    if (!stream->gone()) {
       moved |= stream->pump();
     }
   }
@@ -892,7 +1043,39 @@ bool OfiTransport::checkLifelines(bool now) {
     return false;
   }
   nextLifelineCheck_ = Clock::now() + kLifelineCheck;
-  return lifelines_.check();
+  const bool ended = lifelines_.check();
+  if (ended || deadSegments_) {
+    clearDeadSegments();
+  }
+  return ended;
+}
+
+void OfiTransport::heardFrom(Stream& stream) {
+  if (stream.heard) {
+    return;
+  }
+  stream.heard = true;
+  if (++heardFrom_ == size() - 1) {
+    fabric_.unlinkSegment(fabric_.name());
+  }
+}
+
+void OfiTransport::clearDeadSegments() {
+  deadSegments_ = false;
+  for (Stream* stream : made_) {
+    if (stream->segmentCleared || !lifelines_.ended(stream->peer) || lifelines_.farewell(stream->peer)) {
+      continue;
+    }
+    const int pid = ofi::Fabric::segmentOwner(stream->name);
+    if (pid <= 0) {
+      stream->segmentCleared = true;
+    } else if (processGone(pid)) {
+      stream->segmentCleared = true;
+      fabric_.unlinkSegment(stream->name);
+    } else {
+      deadSegments_ = true; // its sockets close before the process is gone: looked at again
+    }
+  }
 }
 
 bool OfiTransport::advanceLookups() {

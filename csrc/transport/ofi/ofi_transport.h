@@ -16,10 +16,15 @@
 //
 // Large messages: where the provider offers RMA reads, a message above rmaAbove is lent (its
 // buffer registered, FI_REMOTE_READ) and announced with its address and key; the receiver reads
-// it with fi_read straight into the receive's buffer and answers done, which ends the loan. No
-// copy on either side. Elsewhere it goes as a stream of chunks once the receive is posted. The
-// read is synchronous (the layer's readPeerMemory), so it pays where hardware reads the memory;
-// providers that carry RMA over their sockets stream instead by default.
+// it with fi_read, 4 MiB at a time, into memory of the stream's own, copies that into the
+// receive's buffer, and answers done, which ends the loan. No copy on the sender's side; the
+// receiver's one copy is what makes a read given up on safe: it may still land later (a peer
+// that serves it late, a provider that finishes it), but never in a buffer its failed receive
+// gave back. Elsewhere it goes as a stream of chunks once the receive is posted. The read is
+// synchronous (the layer's readPeerMemory, with the transport's lock held, as the layer is in
+// the middle of that peer's frame), so it is bounded: by the group's timeout, by the peer's
+// lifeline (looked at on every pass) and by abort(), which ends it before taking the lock.
+// Providers that carry RMA over their sockets stream instead by default.
 //
 // Setup: each rank publishes "ofi/<rank>" (its lifeline's address and its endpoint's name). The
 // first send to or receive from a peer looks it up, inserts it in the address vector, posts the
@@ -27,7 +32,13 @@
 // side without a lookup. A rank keeps receives posted only for the peers it talks to.
 //
 // Dead peers: no provider reliably reports one (BENCHMARKS.md), so each pair also holds a TCP
-// lifeline (ofi/lifelines.h) and nothing more is posted to a peer whose lifeline closed.
+// lifeline (ofi/lifelines.h) and nothing more is posted to a peer whose lifeline closed, on any
+// path (data, credits, hellos, farewells): the shm provider may spin forever on a send to a dead
+// peer. A goodbye on the lifeline (the peer destroyed its group) is the peer leaving, also when
+// its stream was cut mid-frame or never made. The shm provider keeps each endpoint in a named
+// segment of /dev/shm, which it removes only when the endpoint closes: the name goes once every
+// peer has sent this rank something (so has the segment open), and a peer that died without a
+// farewell has its segment removed by the ranks that talked to it once its process is gone.
 //
 // Progress is manual: whichever thread waits reads the completion queue; it sleeps in poll() on
 // the queue's wait descriptor (fi_trywait), the lifelines and a wake-up eventfd; a provider
