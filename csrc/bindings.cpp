@@ -120,6 +120,8 @@ PYBIND11_MODULE(_C, module) {
                              py::arg("other_host_messages") = t.otherHostMessages);
            })
       .def("reset_traffic", &torus::ProcessGroupTorus::resetTraffic);
+  module.def("shut_down_groups", &torus::ProcessGroupTorus::shutDownAll, py::call_guard<py::gil_scoped_release>(),
+             "Shuts down every torus group of this process (the atexit hook's work).");
 
   torus::defineSubsetComms(module);
   torus::defineDeviceCollectivesOnHost(module);

@@ -7,6 +7,7 @@
 
 from __future__ import annotations
 
+import atexit
 import datetime
 import sys
 
@@ -166,6 +167,13 @@ def _is_torus(group: dist.ProcessGroup) -> bool:
 
 dist.monitored_barrier = monitored_barrier
 dist.distributed_c10d.monitored_barrier = monitored_barrier
+
+# A script that ends without destroy_process_group ends its groups here, before Python finalizes:
+# their workers finish the collectives in flight and run their futures' callbacks while they can
+# still take the GIL, and are joined, so that none drops a tensor or runs Python code once the
+# interpreter finalizes (which aborts the process). Handlers registered after this import, a
+# user's own among them, run before it.
+atexit.register(_C.shut_down_groups)
 
 # CUDA is listed so that plain backend="torus" serves CUDA tensors too (a build without the CUDA
 # path answers them with an error naming the tensor, rather than torch's "no backend for device").
