@@ -104,10 +104,10 @@ def test_a_shared_setting_that_differs_fails_creation_on_every_rank_naming_it(di
 
 def test_settings_that_may_differ_leave_the_group_working():
     given = {BY_NAME[name].option: value for name, value in MAY_DIFFER.items() if value is not None}
-    results = harness.run_job("torus", 2, _case_attempts, {"may differ": ({"transport": "tcp"}, given)},
+    results = harness.run_job("torus", 2, _case_attempts, {"may_differ": ({"transport": "tcp"}, given)},
                               timeout=120)
     for rank in range(2):
-        r = results[rank]["may differ"]
+        r = results[rank]["may_differ"]
         assert r["raised"] is None and r["result"] == [3.0, 3.0, 3.0], f"rank {rank}: {r}"
 
 
