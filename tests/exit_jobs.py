@@ -68,8 +68,11 @@ def run_job(rank: int, job: int, ending: str, transport: str, scratch: str) -> N
         t = torch.full((count,), rank + 1.0)
         dist.all_reduce(t, async_op=True).wait()
         _check(t, expected, f"async all_reduce of {count}")
-    groups = {"waited": [], "in_flight": [None], "callback": [None], "two_groups": [None, dist.new_group([0, 1])]}
-    for index, group in enumerate(groups[ending]):
+    # The groups left with work in flight (None: the default group).
+    groups = {"waited": [], "in_flight": [None], "callback": [None]}.get(ending)
+    if ending == "two_groups":
+        groups = [None, dist.new_group([0, 1])]
+    for index, group in enumerate(groups):
         t = torch.full((LARGE,), rank + 1.0)
         work = dist.all_reduce(t, group=group, async_op=True)
         HELD.append((t, work))
