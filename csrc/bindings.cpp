@@ -125,6 +125,8 @@ PYBIND11_MODULE(_C, module) {
       .def("reset_traffic", &torus::ProcessGroupTorus::resetTraffic)
       .def("dump_trace", &torus::ProcessGroupTorus::dumpTrace, py::arg("reason"),
            py::call_guard<py::gil_scoped_release>());
+  module.def("shut_down_groups", &torus::ProcessGroupTorus::shutDownAll, py::call_guard<py::gil_scoped_release>(),
+             "Shuts down every torus group of this process (the atexit hook's work).");
 
   torus::defineSubsetComms(module);
   torus::defineDeviceCollectivesOnHost(module);

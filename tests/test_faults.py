@@ -56,8 +56,6 @@ def _mismatched_call(kind: str, rank: int, group) -> None:
             dist.all_reduce(t, group=group)
     elif kind == "root":
         dist.broadcast(torch.ones(1000), group_src=1 if odd else 0, group=group)
-    elif kind == "algorithm":
-        dist.all_reduce(torch.ones(1000), group=group)
     elif kind == "large_size":
         dist.all_reduce(torch.ones((1 << 20) + 16 * odd), group=group)
     elif kind == "allgather_size":
@@ -71,12 +69,7 @@ _LEFT_BEFORE_CONNECTED = re.compile(r"cannot connect to rank [01] .*\(rank [01] 
 
 
 def _case_mismatch(ctx, kind):
-    import torch_torus
-
-    # Rank 1 runs another allreduce algorithm than the others for "algorithm".
-    algorithm = "direct" if kind == "algorithm" and ctx.rank == 1 else "ring"
-    options = torch_torus.Options(allreduce=algorithm) if kind == "algorithm" else None
-    group = ctx.new_group(list(range(ctx.world_size)), pg_options=options)
+    group = ctx.new_group(list(range(ctx.world_size)))
     start = time.monotonic()
     error = None
     try:
@@ -113,7 +106,6 @@ NAMED = {
     "op": ["(sum", "(max"],
     "collective": ["all_reduce of 4000 bytes", "broadcast of 4000 bytes"],
     "root": ["root 0", "root 1"],
-    "algorithm": ["ring)", "direct)"],
     "large_size": ["4194304 bytes", "4194368 bytes"],
     "allgather_size": ["all_gather of"],
 }

@@ -7,6 +7,7 @@
 
 from __future__ import annotations
 
+import atexit
 import datetime
 import sys
 
@@ -15,6 +16,7 @@ import torch.distributed as dist
 
 from . import _C, callbacks
 from ._version import __version__
+from .agreement import agree_settings, shared_values
 from .config import SETTINGS, ConfigError, Options, resolve
 from .hybrid import HostGroups, HybridAverager, HybridUpdateError, host_groups
 from .launch import init_from_launcher, init_from_mpi, init_from_slurm
@@ -85,11 +87,18 @@ def _create_backend(dist_options, pg_options) -> _C.ProcessGroupTorus:
         address = local_address(values["socket_ifname"], rendezvous_environ(store))
         tuning = read_tuning(values["tuning_file"]) if values["tuning_file"] else None
     except Exception as error:
-        publish_failure(store, rank, str(error) if isinstance(error, ConfigError) else f"{type(error).__name__}: {error}")
+        publish_failure(store, rank, _failure_text(error))
         raise
     meeting = meet(store, rank, size, identity, address, values["socket_ifname"])
     hosts = meeting.hosts
-    config, grid, transport, tables, tuned = group_config(values, size, hosts, address, tuning)
+    # Before the transport connects: a rank whose settings do not fit the group, or differ from
+    # its peers' where they must agree, fails the group on every rank, naming them.
+    try:
+        config, grid, transport, tables, tuned = group_config(values, size, hosts, address, tuning)
+    except Exception as error:
+        agree_settings(store, rank, size, _failure_text(error))
+        raise
+    agree_settings(store, rank, size, shared_values(values, tables))
     if transport != "shm" and not values["host_id"]:
         meeting.check_addresses(rank)
     if config.log_level >= 1 and rank == 0:
@@ -103,6 +112,11 @@ def _create_backend(dist_options, pg_options) -> _C.ProcessGroupTorus:
               f"algorithms {describe(tables)}", file=sys.stderr, flush=True)
     config.trace_dir = trace_directory(values["trace_dir"], name, epoch)
     return _C.ProcessGroupTorus(store, rank, size, dist_options.timeout, config, name)
+
+
+def _failure_text(error: Exception) -> str:
+    """What a rank that cannot create a group tells its peers."""
+    return str(error) if isinstance(error, ConfigError) else f"{type(error).__name__}: {error}"
 
 
 def _torus_backend(group: dist.ProcessGroup | None, caller: str) -> _C.ProcessGroupTorus:
@@ -176,6 +190,13 @@ def _is_torus(group: dist.ProcessGroup) -> bool:
 
 dist.monitored_barrier = monitored_barrier
 dist.distributed_c10d.monitored_barrier = monitored_barrier
+
+# A script that ends without destroy_process_group ends its groups here, before Python finalizes:
+# their workers finish the collectives in flight and run their futures' callbacks while they can
+# still take the GIL, and are joined, so that none drops a tensor or runs Python code once the
+# interpreter finalizes (which aborts the process). Handlers registered after this import, a
+# user's own among them, run before it.
+atexit.register(_C.shut_down_groups)
 
 # CUDA is listed so that plain backend="torus" serves CUDA tensors too (a build without the CUDA
 # path answers them with an error naming the tensor, rather than torch's "no backend for device").

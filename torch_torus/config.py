@@ -249,6 +249,12 @@ class Setting:
     doc: str
     # A parsed value back to text that parses to it again.
     render: Callable[[Any], str] = str
+    # Whether every rank of a group must hold the same value: the settings that change what a
+    # collective computes, which peer it pairs with, or the protocol between two ranks. The ranks
+    # compare them when they create a group (torch_torus.agreement); False: it may differ.
+    shared: bool = True
+    # The part of a shared value the ranks compare, where only that part must agree (default: all).
+    agreed: Callable[[Any], Any] | None = None
 
     @property
     def option(self) -> str:
@@ -318,6 +324,7 @@ SETTINGS: tuple[Setting, ...] = (
         _printable("a host identity"),
         "Identity of this rank's host; ranks with the same identity share a host. Empty: host "
         "name, boot id and network namespace together.",
+        shared=False,
     ),
     Setting(
         "TORUS_CHUNK_BYTES",
@@ -352,6 +359,7 @@ SETTINGS: tuple[Setting, ...] = (
         "running: no hand-off to the group's worker thread and back. Larger ones, async_op=True and "
         "CUDA tensors go through the worker. 0: every collective does.",
         _render_size,
+        shared=False,
     ),
     Setting(
         "TORUS_SOCKET_IFNAME",
@@ -359,6 +367,7 @@ SETTINGS: tuple[Setting, ...] = (
         _interface_name,
         "Network interface whose address the TCP transport uses (its first IPv4 address, else its "
         "first IPv6 one); empty: the address that routes to MASTER_ADDR, else the host name's address.",
+        shared=False,
     ),
     Setting(
         "TORUS_TUNING_FILE",
@@ -366,7 +375,8 @@ SETTINGS: tuple[Setting, ...] = (
         _printable("a file name"),
         "Tuning file written by `python -m torch_torus.tune`; auto takes its allreduce table when "
         "an entry matches the group (world size, torus grid, ranks per host, transport), else the cost model. "
-        "Empty: the cost model.",
+        "Empty: the cost model. Its path may differ between ranks; the table the group takes from it may not.",
+        shared=False,
     ),
     Setting(
         "TORUS_LINK_BANDWIDTH",
@@ -396,6 +406,7 @@ SETTINGS: tuple[Setting, ...] = (
         "TORUS_LOG_LEVEL=debug, a Work.wait() that has not returned half this long after its "
         "collective completed is reported.",
         render_duration,
+        shared=False,
     ),
     Setting(
         "TORUS_HOST_DEVICE",
@@ -404,7 +415,9 @@ SETTINGS: tuple[Setting, ...] = (
         "For testing the device path without a GPU: on runs collectives on CPU tensors through the "
         "host implementation of the device layer (CPU memory as device memory, arenas in POSIX "
         "shared memory), exactly as CUDA tensors run on a GPU; stall:<step> and fail:enter add a "
-        "fault. off: CPU tensors take the host path.",
+        "fault. off: CPU tensors take the host path. Every rank must agree on off or not; a fault "
+        "may be one rank's alone.",
+        agreed=lambda value: "off" if value == "off" else "on",
     ),
     Setting(
         "TORUS_TRACE_BUFFER",
@@ -414,6 +427,7 @@ SETTINGS: tuple[Setting, ...] = (
         "(what, issued by whom, how far each got), dumped when a collective times out or fails, when "
         "the group is aborted, and by torch_torus.dump_trace(); read by `python -m torch_torus.trace "
         "DIR`. 0: off.",
+        shared=False,
     ),
     Setting(
         "TORUS_TRACE_DIR",
@@ -422,6 +436,7 @@ SETTINGS: tuple[Setting, ...] = (
         "Where the flight recorder's dumps go: one directory per group, `<group>-<epoch>`, with one "
         "`rank<r>.json` per rank; errors name it. Empty: `torus-trace` in the system's temporary "
         "directory.",
+        shared=False,
     ),
     Setting(
         "TORUS_LOG_LEVEL",
@@ -429,6 +444,7 @@ SETTINGS: tuple[Setting, ...] = (
         _one_of(LOG_LEVELS),
         "warn: errors only; info: one line per group at creation, and each rank's device arenas; "
         "debug: one line per collective (and its device route).",
+        shared=False,
     ),
 )
 
@@ -479,10 +495,10 @@ def shown(value: Any) -> str:
 
 def markdown_table() -> str:
     """The README's settings table."""
-    rows = ["| Variable | Options keyword | Default | Meaning |", "|---|---|---|---|"]
+    rows = ["| Variable | Options keyword | Default | Same on every rank | Meaning |", "|---|---|---|---|---|"]
     for s in SETTINGS:
         default = f"`{s.default}`" if s.default else "(empty)"
-        rows.append(f"| `{s.name}` | `{s.option}` | {default} | {s.doc} |")
+        rows.append(f"| `{s.name}` | `{s.option}` | {default} | {'yes' if s.shared else 'may differ'} | {s.doc} |")
     return "\n".join(rows)
 
 

@@ -1,7 +1,11 @@
 #include "backend/process_group_torus.h"
 
+#include <unistd.h>
+
 #include <algorithm>
+#include <condition_variable>
 #include <numeric>
+#include <set>
 
 #include "backend/log.h"
 #include "backend/tensor_checks.h"
@@ -10,13 +14,33 @@
 
 namespace torus {
 
+namespace {
+
+// The groups alive in this process, for ProcessGroupTorus::shutDownAll.
+struct LiveGroups {
+  std::mutex mutex;
+  std::condition_variable changed;
+  std::set<ProcessGroupTorus*> groups;
+  // The group shutDownAll is stopping, whose destructor waits until it has.
+  ProcessGroupTorus* stopping = nullptr;
+};
+
+// Never destroyed: a group may outlive static destructors.
+LiveGroups& liveGroups() {
+  static auto* live = new LiveGroups();
+  return *live;
+}
+
+} // namespace
+
 ProcessGroupTorus::ProcessGroupTorus(const c10::intrusive_ptr<c10d::Store>& store, int rank, int size,
                                      std::chrono::milliseconds timeout, TorusConfig config, std::string groupName)
     : c10d::Backend(rank, size),
       config_(std::move(config)),
       groupName_(std::move(groupName)),
       timeout_(timeout),
-      dispatch_(config_, size) {
+      dispatch_(config_, size),
+      process_(::getpid()) {
   GroupTransport group = buildTransport(store, rank, size, timeout, config_, groupName_);
   transport_ = std::move(group.transport);
   transportDescription_ = group.description;
@@ -45,11 +69,45 @@ ProcessGroupTorus::ProcessGroupTorus(const c10::intrusive_ptr<c10d::Store>& stor
                       ", chunk " + std::to_string(config_.chunkBytes) + " bytes" +
                       (standIns.empty() ? "" : "; " + standIns));
   }
+  LiveGroups& live = liveGroups();
+  std::lock_guard<std::mutex> lock(live.mutex);
+  live.groups.insert(this);
 }
 
 ProcessGroupTorus::~ProcessGroupTorus() {
+  {
+    LiveGroups& live = liveGroups();
+    std::unique_lock<std::mutex> lock(live.mutex);
+    live.groups.erase(this);
+    live.changed.wait(lock, [&] { return live.stopping != this; });
+  }
   direct_.reset();
-  executor_->stop(false);
+  stopExecutor(false);
+}
+
+void ProcessGroupTorus::shutDownAll() {
+  LiveGroups& live = liveGroups();
+  std::unique_lock<std::mutex> lock(live.mutex);
+  for (;;) {
+    const auto own = std::find_if(live.groups.begin(), live.groups.end(),
+                                  [](const ProcessGroupTorus* group) { return group->process_ == ::getpid(); });
+    if (own == live.groups.end()) {
+      return;
+    }
+    ProcessGroupTorus* group = *own;
+    live.groups.erase(own);
+    live.stopping = group;
+    lock.unlock();
+    group->stopExecutor(false);
+    lock.lock();
+    live.stopping = nullptr;
+    live.changed.notify_all();
+  }
+}
+
+void ProcessGroupTorus::stopExecutor(bool abortPending) {
+  std::lock_guard<std::mutex> lock(stopMutex_);
+  executor_->stop(abortPending);
 }
 
 uint64_t ProcessGroupTorus::getSequenceNumberForGroup() {
@@ -57,12 +115,12 @@ uint64_t ProcessGroupTorus::getSequenceNumberForGroup() {
 }
 
 void ProcessGroupTorus::shutdown() {
-  executor_->stop(false);
+  stopExecutor(false);
 }
 
 void ProcessGroupTorus::abort() {
   transport_->abort("the process group was aborted");
-  executor_->stop(true);
+  stopExecutor(true);
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupTorus::submit(const CallDescription& call, std::vector<at::Tensor> outputs,

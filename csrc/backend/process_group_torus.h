@@ -10,9 +10,12 @@
 // and the monitored barrier in process_group_monitored_barrier.cc.
 #pragma once
 
+#include <sys/types.h>
+
 #include <atomic>
 #include <chrono>
 #include <memory>
+#include <mutex>
 #include <string>
 
 #include <torch/csrc/distributed/c10d/Backend.hpp>
@@ -123,6 +126,12 @@ class ProcessGroupTorus : public c10d::Backend {
   std::string dumpTrace(const std::string& reason) {
     return executor_->dumpTrace(reason);
   }
+  // Shuts down every group of this process still alive, as shutdown() does: their queued and
+  // running collectives finish and their futures' callbacks run, then their worker threads end.
+  // For the interpreter's exit (torch_torus's atexit hook, before Python finalizes): a worker
+  // left running would drop a tensor or run a callback once Python can no longer give it the
+  // GIL, which aborts the process. Called without the GIL, which the callbacks take.
+  static void shutDownAll();
 
  private:
   // What submit takes from any collective's options.
@@ -166,6 +175,8 @@ class ProcessGroupTorus : public c10d::Backend {
                                                   at::Tensor& tensor, const std::string& what);
   // "torus:send to rank 2 tag 0, p2p #3 (rank 0, group '5')", numbering this call.
   std::string p2pContext(const std::string& what);
+  // Ends the executor (shutdown, abort, shutDownAll, the destructor): one thread at a time.
+  void stopExecutor(bool abortPending);
 
   TorusConfig config_;
   std::string transportDescription_;
@@ -181,6 +192,9 @@ class ProcessGroupTorus : public c10d::Backend {
   std::shared_ptr<GroupFailure> failure_ = std::make_shared<GroupFailure>();
   std::shared_ptr<FlightRecorder> recorder_;
   std::unique_ptr<CollectiveExecutor> executor_;
+  std::mutex stopMutex_;
+  // The process that created the group: a child forked since has its memory but not its threads.
+  const pid_t process_;
   std::atomic<uint64_t> p2pIssued_{0}; // sends and receives issued, to number them in errors
   std::atomic<uint64_t> monitoredBarriers_{0}; // monitored barriers called, each with tags of its own
   // torch.ops.torus's way to this group; released first when the group goes.

@@ -1,0 +1,42 @@
+"""A script that ends without destroy_process_group exits with its own status.
+
+Two-rank jobs (tests/exit_jobs.py) run sync and async all_reduces of 1K and 3M elements and end
+with their groups alive: after waited calls, with async work in flight, with a Python callback on
+its future, and with two groups in flight at once. Every rank must exit 0 (no abort as Python
+finalizes), and the callbacks of the work in flight must have run, with the right values.
+TORUS_EXIT_JOBS jobs per transport (default 8, two of each ending; issue 44's bar is
+TORUS_EXIT_JOBS=20, about a minute per transport on a loaded 2-core machine)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+import harness
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+JOBS = int(os.environ.get("TORUS_EXIT_JOBS", "8"))
+BOUND_S = 60 + 10 * JOBS
+
+
+@pytest.mark.parametrize("transport", ["shm", "tcp", "ofi"])
+def test_ranks_that_end_without_destroying_their_groups_exit_0(transport, tmp_path):
+    if transport == "ofi" and harness.without_ofi():
+        pytest.skip(harness.without_ofi())
+    command = [sys.executable, os.path.join(HERE, "exit_jobs.py"), "--transport", transport, "--jobs", str(JOBS),
+               "--scratch", str(tmp_path)]
+    environ = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
+    try:
+        done = subprocess.run(command, env=environ, capture_output=True, text=True, timeout=BOUND_S)
+    except subprocess.TimeoutExpired as error:
+        pytest.fail(f"the jobs did not end within {BOUND_S} s: {' '.join(command)}\n{error.stdout}\n{error.stderr}")
+    assert done.returncode == 0, done.stderr
+    ranks = [json.loads(line) for line in done.stdout.splitlines()]
+    assert len(ranks) == 2 * JOBS, done.stdout + done.stderr
+    failed = [r for r in ranks if r["status"] != 0 or not r["callbacks_ran"]]
+    assert not failed, "\n".join(f"job {r['job']} rank {r['rank']} ({r['ending']}): exit status {r['status']}, "
+                                 f"callbacks ran: {r['callbacks_ran']}\n{r['stderr']}" for r in failed)
