@@ -200,10 +200,15 @@ void TcpTransport::deliverFarewells() {
   while (true) {
     unwritten.clear();
     bool undelivered = false;
-    // Written, not yet acknowledged by the peer's kernel.
+    // Written, not yet acknowledged by the peer's kernel, on a connection that can still deliver
+    // it: a connection the peer reset (it closed first) keeps counting its unsent bytes, and
+    // waiting for them cost every destroy the whole linger.
     auto queued = [](int fd) {
       int bytes = 0;
-      return ::ioctl(fd, SIOCOUTQ, &bytes) == 0 && bytes > 0;
+      tcp_info info{};
+      socklen_t length = sizeof(info);
+      return ::ioctl(fd, SIOCOUTQ, &bytes) == 0 && bytes > 0 &&
+             !(::getsockopt(fd, IPPROTO_TCP, TCP_INFO, &info, &length) == 0 && info.tcpi_state == TCP_CLOSE);
     };
     for (Pair* pair : linked_) {
       if (!pair->saidFarewell) {
