@@ -75,6 +75,8 @@ BAD: dict[str, list[str]] = {
     "TORUS_DEVICE_STALL_TIMEOUT": ["", "0", "30", "-1s", "0.5ms", "2d", "soon", "1e3s", "٣s", "\x00"],
     "TORUS_HOST_DEVICE": ["", "yes", "1", "on:x", "stall", "stall:", "stall: ", "fail", "fail:copy",
                           "stall:a\x00", "stall:ü", "\udcff"],
+    "TORUS_TRACE_BUFFER": ["", "-1", "1e3", "2k", "1000001", "off", " ", "٣", "\x00"],
+    "TORUS_TRACE_DIR": ["/tmp/a\x00b", "\udcff", "dir\nname"],
 }
 _RULE_GOOD = ["auto", "AUTO", " auto ", "auto:0-max", "auto:0-100;auto:101-200"]
 GOOD: dict[str, list[str]] = {
@@ -104,6 +106,8 @@ GOOD: dict[str, list[str]] = {
     "TORUS_LOG_LEVEL": ["warn", "info", "debug", "INFO", " debug "],
     "TORUS_DEVICE_STALL_TIMEOUT": ["30s", "1ms", "2.5s", " 10s ", "86400s", "500ms"],
     "TORUS_HOST_DEVICE": ["off", "on", "ON", " on ", "stall:ready", "stall:copy into the arena", "fail:enter"],
+    "TORUS_TRACE_BUFFER": ["0", "2000", " 16 ", "1000000"],
+    "TORUS_TRACE_DIR": ["", "/tmp/torus traces", "traces", "/tmp/ü"],
 }
 
 

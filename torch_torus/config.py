@@ -80,7 +80,7 @@ MAX_TRACE_BUFFER = 1_000_000
 
 def _trace_buffer(text: str) -> int:
     value = str(text).strip()
-    if not value.isdigit() or int(value) > MAX_TRACE_BUFFER:
+    if not re.fullmatch(r"[0-9]+", value) or int(value) > MAX_TRACE_BUFFER:
         raise ValueError(f"expected a number of calls from 0 (off) to {MAX_TRACE_BUFFER}")
     return int(value)
 
