@@ -46,6 +46,8 @@ MAY_DIFFER = {
     "TORUS_TUNING_FILE": None,  # its table is compared: test_a_tuned_table_that_differs_...
     "TORUS_DEVICE_STALL_TIMEOUT": "5s",
     "TORUS_LOG_LEVEL": "debug",
+    "TORUS_TRACE_BUFFER": "0",
+    "TORUS_TRACE_DIR": None,  # the session's directory (conftest); a second one would be left behind
 }
 BY_NAME = {s.name: s for s in SETTINGS}
 TIMEOUT = datetime.timedelta(seconds=60)
