@@ -40,7 +40,7 @@ c10::intrusive_ptr<c10d::Work> CollectiveExecutor::enqueue(const CallDescription
                                                            std::chrono::milliseconds timeout, Body body,
                                                            std::shared_ptr<DeviceCall> device, bool mayRunHere) {
   const char* title = call.title();
-  const uint64_t recordId = record(call, title, shapesOf(inputs), shapesOf(outputs));
+  const uint64_t recordId = record(call, title, inputs, outputs);
   std::unique_lock<std::mutex> lock(mutex_);
   TORUS_CHECK(!stopping_, title, " called on a process group that has been shut down or aborted");
   ++issued_;
@@ -100,13 +100,14 @@ bool CollectiveExecutor::runHereIfIdle(const CallDescription& call, std::chrono:
 }
 
 uint64_t CollectiveExecutor::record(const CallDescription& call, const char* title,
-                                    std::vector<std::vector<int64_t>> inputSizes,
-                                    std::vector<std::vector<int64_t>> outputSizes) {
+                                    const std::vector<at::Tensor>& inputs, const std::vector<at::Tensor>& outputs) {
   if (!recorder_->enabled()) {
     return 0;
   }
-  return recorder_->record(FlightRecorder::Call{title, false, call.dtype, std::move(inputSizes), std::move(outputSizes),
-                                                call.root, CallbackScope::currentOrigin() != CallSignature::kOriginCaller});
+  return recorder_->record(
+      FlightRecorder::Call{title, false, call.dtype, call.root,
+                           CallbackScope::currentOrigin() != CallSignature::kOriginCaller},
+      inputs, outputs);
 }
 
 void CollectiveExecutor::insert(Job job) {

@@ -149,8 +149,8 @@ class CollectiveExecutor {
   // `note`: said after a transport failure's text (where the flight recorder's dump went).
   JobFailure failureOf(std::exception_ptr raised, const std::string& note) const;
   // The flight recorder's entry of a call; 0 when it is off.
-  uint64_t record(const CallDescription& call, const char* title, std::vector<std::vector<int64_t>> inputSizes,
-                  std::vector<std::vector<int64_t>> outputSizes);
+  uint64_t record(const CallDescription& call, const char* title, const std::vector<at::Tensor>& inputs,
+                  const std::vector<at::Tensor>& outputs);
   // What an error says of a dump written to `path` (nothing when none was).
   static std::string traceNote(const std::string& path);
   // The message of an exception.

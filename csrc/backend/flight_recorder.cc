@@ -49,22 +49,21 @@ std::string shapes(const std::vector<std::vector<int64_t>>& all) {
   return out.str();
 }
 
-} // namespace
-
-std::vector<std::vector<int64_t>> shapesOf(const std::vector<at::Tensor>& tensors) {
-  std::vector<std::vector<int64_t>> out;
-  out.reserve(tensors.size());
-  for (const auto& tensor : tensors) {
-    out.emplace_back(tensor.sizes().begin(), tensor.sizes().end());
+void copyShapes(const std::vector<at::Tensor>& tensors, std::vector<std::vector<int64_t>>& into) {
+  into.resize(tensors.size());
+  for (size_t i = 0; i < tensors.size(); ++i) {
+    into[i].assign(tensors[i].sizes().begin(), tensors[i].sizes().end());
   }
-  return out;
 }
+
+} // namespace
 
 FlightRecorder::FlightRecorder(size_t capacity, std::string dir, int rank, int size, std::string groupName)
     : capacity_(capacity), dir_(std::move(dir)), rank_(rank), size_(size), groupName_(std::move(groupName)),
       ring_(capacity) {}
 
-uint64_t FlightRecorder::record(Call call) {
+uint64_t FlightRecorder::record(const Call& call, const std::vector<at::Tensor>& inputs,
+                                const std::vector<at::Tensor>& outputs) {
   if (!enabled()) {
     return 0;
   }
@@ -74,7 +73,9 @@ uint64_t FlightRecorder::record(Call call) {
   Entry& entry = ring_[id % capacity_];
   entry.id = id;
   entry.seq = 0;
-  entry.call = std::move(call);
+  entry.call = call;
+  copyShapes(inputs, entry.inputSizes);
+  copyShapes(outputs, entry.outputSizes);
   entry.state = State::kScheduled;
   entry.createdNs = now;
   entry.startedNs = 0;
@@ -137,7 +138,7 @@ std::string FlightRecorder::dump(const std::string& reason, const std::string& w
           << ", \"collective_seq_id\": " << (call.p2p ? 0 : entry->seq)
           << ", \"p2p_seq_id\": " << (call.p2p ? entry->seq : 0)
           << ", \"profiling_name\": " << quoted(call.profilingName) << ", \"is_p2p\": " << (call.p2p ? "true" : "false")
-          << ", \"input_sizes\": " << shapes(call.inputSizes) << ", \"output_sizes\": " << shapes(call.outputSizes)
+          << ", \"input_sizes\": " << shapes(entry->inputSizes) << ", \"output_sizes\": " << shapes(entry->outputSizes)
           << ", \"input_dtypes\": [" << quoted(c10::toString(call.dtype)) << "], \"output_dtypes\": ["
           << quoted(c10::toString(call.dtype)) << "]"
           << ", \"root_or_peer\": " << call.rootOrPeer

@@ -28,16 +28,15 @@ class FlightRecorder {
     const char* profilingName;
     bool p2p = false;
     at::ScalarType dtype = at::kByte;
-    std::vector<std::vector<int64_t>> inputSizes;
-    std::vector<std::vector<int64_t>> outputSizes;
     int rootOrPeer = -1;
     bool fromCallback = false;
   };
   bool enabled() const {
     return capacity_ != 0;
   }
-  // The record's id; 0 when off.
-  uint64_t record(Call call);
+  // The record's id; 0 when off. The shapes are copied into the ring's reused entry: no
+  // allocation once the ring has gone round.
+  uint64_t record(const Call& call, const std::vector<at::Tensor>& inputs, const std::vector<at::Tensor>& outputs);
   // The record started as collective (or point-to-point call) number `seq`.
   void started(uint64_t id, uint64_t seq);
   // Completed, or failed with `error` (non-empty).
@@ -57,6 +56,8 @@ class FlightRecorder {
     uint64_t id = 0;
     uint64_t seq = 0;
     Call call;
+    std::vector<std::vector<int64_t>> inputSizes;
+    std::vector<std::vector<int64_t>> outputSizes;
     State state = State::kScheduled;
     int64_t createdNs = 0;
     int64_t startedNs = 0;
@@ -74,8 +75,5 @@ class FlightRecorder {
   std::vector<Entry> ring_;
   uint64_t nextId_ = 1;
 };
-
-// The shapes of `tensors`, as the recorder keeps them.
-std::vector<std::vector<int64_t>> shapesOf(const std::vector<at::Tensor>& tensors);
 
 } // namespace torus

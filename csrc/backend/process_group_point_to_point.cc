@@ -29,9 +29,9 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupTorus::postPointToPoint(c10d::OpType 
   failure_->throwIfFailed(context);
   const uint64_t recordId =
       recorder_->enabled()
-          ? recorder_->record(FlightRecorder::Call{title, true, tensor.scalar_type(), shapesOf({tensor}),
-                                                   shapesOf({tensor}), peer,
-                                                   CallbackScope::currentOrigin() != CallSignature::kOriginCaller})
+          ? recorder_->record(FlightRecorder::Call{title, true, tensor.scalar_type(), peer,
+                                                   CallbackScope::currentOrigin() != CallSignature::kOriginCaller},
+                              {tensor}, {tensor})
           : 0;
   recorder_->started(recordId, p2pIssued_.load());
   const uint64_t wireTag = p2pTag(tag);
