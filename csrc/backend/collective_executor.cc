@@ -101,9 +101,6 @@ bool CollectiveExecutor::runHereIfIdle(const CallDescription& call, std::chrono:
 
 uint64_t CollectiveExecutor::record(const CallDescription& call, const char* title,
                                     const std::vector<at::Tensor>& inputs, const std::vector<at::Tensor>& outputs) {
-  if (!recorder_->enabled()) {
-    return 0;
-  }
   return recorder_->record(
       FlightRecorder::Call{title, false, call.dtype, call.root,
                            CallbackScope::currentOrigin() != CallSignature::kOriginCaller},
@@ -272,16 +269,13 @@ void CollectiveExecutor::failStalled(std::unique_lock<std::mutex>& lock) {
   std::string why =
       "did not start: queued behind " + label_->context(title, seq) + ", whose future's callbacks have not returned in " +
       std::to_string(inCallbacks.count()) +
-      " ms (collectives run in issue order, and a callback's own ones at once: does a callback wait for a "
-      "collective issued after it?)" +
+      " ms (collectives run in order, a callback's at the place of its then(): does a callback wait for a "
+      "collective issued after its then()?)" +
       timeoutExpired(stalled.front().timeout);
   const std::string first = contextOf(stalled.front());
   lock.unlock();
-  const std::string dumped = dumpTrace("the queue stalled behind callbacks");
-  lock.lock();
-  why += traceNote(dumped);
+  why += traceNote(dumpTrace("the queue stalled behind callbacks"));
   failure_->record(first + ": " + why);
-  lock.unlock();
   transport_->abort(first + ": " + why);
   failQueued(stalled, CommError(CommError::Kind::kTimeout, why));
   lock.lock();
@@ -391,18 +385,6 @@ CollectiveExecutor::JobFailure CollectiveExecutor::failureOf(std::exception_ptr 
     // the group fails as for a transport failure, naming the cause.
     std::exception_ptr error = asTorchError(raised, context);
     return {error, context + ": " + describeException(error)};
-  }
-}
-
-std::string CollectiveExecutor::describeException(std::exception_ptr error) {
-  try {
-    std::rethrow_exception(error);
-  } catch (const c10::Error& e) {
-    return e.what_without_backtrace();
-  } catch (const std::exception& e) {
-    return e.what();
-  } catch (...) {
-    return "an exception of unknown type";
   }
 }
 

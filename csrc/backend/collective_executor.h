@@ -20,9 +20,8 @@
 // callback that waits for a collective placed after it would wait forever: when the worker has
 // run nothing for a queued job's timeout, being in callbacks, the stall watch fails the group and
 // the queued jobs, naming the job whose callbacks they waited behind. Every call's signature says
-// where it was issued from (the caller, or the callback of collective #k), so ranks that still
-// placed a callback's collective and the caller's differently fail with a mismatch naming both
-// rather than mix their data.
+// whether a callback issued it, so ranks that still placed a callback's collective and the
+// caller's at one sequence number fail with a mismatch naming both rather than mix their data.
 #pragma once
 
 #include <array>
@@ -153,8 +152,6 @@ class CollectiveExecutor {
                   const std::vector<at::Tensor>& outputs);
   // What an error says of a dump written to `path` (nothing when none was).
   static std::string traceNote(const std::string& path);
-  // The message of an exception.
-  static std::string describeException(std::exception_ptr error);
   // The text of a transport's failure, naming the absent ranks or both sides of a mismatch, and a
   // timeout's length.
   std::string explain(const CommError& error, uint64_t seq, std::chrono::milliseconds timeout) const;

@@ -17,23 +17,22 @@ uint64_t p2pTag(int tag) {
 
 } // namespace
 
-std::string ProcessGroupTorus::p2pContext(const std::string& what) {
-  return "torus:" + what + ", p2p #" + std::to_string(++p2pIssued_) + " (rank " + std::to_string(rank_) +
+std::string ProcessGroupTorus::p2pContext(const std::string& what, uint64_t number) {
+  return "torus:" + what + ", p2p #" + std::to_string(number) + " (rank " + std::to_string(rank_) +
          ", group '" + groupName_ + "')";
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupTorus::postPointToPoint(c10d::OpType type, const char* title, int peer,
                                                                    int tag, at::Tensor& tensor,
                                                                    const std::string& what) {
-  const std::string context = p2pContext(what);
+  const uint64_t number = ++p2pIssued_;
+  const std::string context = p2pContext(what, number);
   failure_->throwIfFailed(context);
-  const uint64_t recordId =
-      recorder_->enabled()
-          ? recorder_->record(FlightRecorder::Call{title, true, tensor.scalar_type(), peer,
-                                                   CallbackScope::currentOrigin() != CallSignature::kOriginCaller},
-                              {tensor}, {tensor})
-          : 0;
-  recorder_->started(recordId, p2pIssued_.load());
+  const uint64_t recordId = recorder_->record(
+      FlightRecorder::Call{title, true, tensor.scalar_type(), peer,
+                           CallbackScope::currentOrigin() != CallSignature::kOriginCaller},
+      {tensor}, {tensor});
+  recorder_->started(recordId, number);
   const uint64_t wireTag = p2pTag(tag);
   RequestPtr request;
   at::Tensor buffer;

@@ -173,8 +173,8 @@ class ProcessGroupTorus : public c10d::Backend {
   // A send or receive posted to the transport, as a work.
   c10::intrusive_ptr<c10d::Work> postPointToPoint(c10d::OpType type, const char* title, int peer, int tag,
                                                   at::Tensor& tensor, const std::string& what);
-  // "torus:send to rank 2 tag 0, p2p #3 (rank 0, group '5')", numbering this call.
-  std::string p2pContext(const std::string& what);
+  // "torus:send to rank 2 tag 0, p2p #3 (rank 0, group '5')" for the call numbered `number`.
+  std::string p2pContext(const std::string& what, uint64_t number);
   // Ends the executor (shutdown, abort, shutDownAll, the destructor): one thread at a time.
   void stopExecutor(bool abortPending);
 

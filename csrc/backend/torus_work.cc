@@ -39,6 +39,18 @@ std::exception_ptr asTorchError(std::exception_ptr error, const std::string& con
   }
 }
 
+std::string describeException(std::exception_ptr error) {
+  try {
+    std::rethrow_exception(error);
+  } catch (const c10::Error& e) {
+    return e.what_without_backtrace();
+  } catch (const std::exception& e) {
+    return e.what();
+  } catch (...) {
+    return "an exception of unknown type";
+  }
+}
+
 std::string timeoutExpired(std::chrono::milliseconds timeout) {
   return " (the timeout of " + std::to_string(timeout.count()) + " ms expired)";
 }
@@ -182,19 +194,7 @@ void TorusP2PWork::settle(std::exception_ptr error) {
   if (settled_.exchange(true)) {
     return;
   }
-  if (recorder_->enabled()) {
-    std::string text;
-    if (error) {
-      try {
-        std::rethrow_exception(error);
-      } catch (const std::exception& e) {
-        text = e.what();
-      } catch (...) {
-        text = context_ + ": failed";
-      }
-    }
-    recorder_->finished(recordId_, text);
-  }
+  recorder_->finished(recordId_, error ? describeException(error) : std::string());
   // Callbacks attached before it settled run here, on whichever thread waited or tested.
   CallbackScope callbacks(nullptr, CallPlace{});
   if (error) {

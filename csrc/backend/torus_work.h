@@ -28,6 +28,9 @@ namespace torus {
 // peer's failure also says "connection closed by peer", as gloo's does.
 std::exception_ptr asTorchError(std::exception_ptr error, const std::string& context);
 
+// The message of an exception (without c10's backtrace).
+std::string describeException(std::exception_ptr error);
+
 // " (the timeout of 2000 ms expired)": what every timeout's text says after our own, so that it
 // carries the words torch's tests and tools match (" (Timed out|closed|timeout) ").
 std::string timeoutExpired(std::chrono::milliseconds timeout);
