@@ -250,10 +250,7 @@ class ShmTransport::RingLink : public Link {
     // The peer writes the head in this rank's segment: a head behind what was read, or ahead by
     // more than the ring holds, would copy from past the ring.
     if (head < recvPos_ || available > kRingBytes) {
-      throw CommError(CommError::Kind::kPeer, "rank " + std::to_string(peerRank_) + " broke the wire protocol: its " +
-                                                  "ring's head is at byte " + std::to_string(head) + " where " +
-                                                  std::to_string(recvPos_) + " were read and the ring holds " +
-                                                  std::to_string(kRingBytes));
+      brokeRing("head", head, "read", recvPos_);
     }
     const size_t got = std::min<uint64_t>(n, available);
     copyOut(dst, in_->data, recvPos_, got);
@@ -286,12 +283,18 @@ class ShmTransport::RingLink : public Link {
   // ahead of what was written, or behind it by more than the ring holds, would copy past the ring.
   uint64_t freeBytes(uint64_t tail) const {
     if (tail > sendPos_ || sendPos_ - tail > kRingBytes) {
-      throw CommError(CommError::Kind::kPeer, "rank " + std::to_string(peerRank_) + " broke the wire protocol: its " +
-                                                  "ring's tail is at byte " + std::to_string(tail) + " where " +
-                                                  std::to_string(sendPos_) + " were written and the ring holds " +
-                                                  std::to_string(kRingBytes));
+      brokeRing("tail", tail, "written", sendPos_);
     }
     return kRingBytes - (sendPos_ - tail);
+  }
+
+  // The peer set its ring's `field` to `theirs`, which no write of its could have, `ours` bytes
+  // having been `done` here: fails the peer.
+  [[noreturn]] void brokeRing(const char* field, uint64_t theirs, const char* done, uint64_t ours) const {
+    throw CommError(CommError::Kind::kPeer, rankName(peerRank_) + " broke the wire protocol: its ring's " + field +
+                                                " is at byte " + std::to_string(theirs) + " where " +
+                                                std::to_string(ours) + " were " + done + " and the ring holds " +
+                                                std::to_string(kRingBytes));
   }
 
   SharedRing* out_;
