@@ -16,9 +16,7 @@ import hashlib
 import json
 
 from .config import SETTINGS, ConfigError, Rule, render_rules
-
-# A rank that cannot create the group publishes this, then its error, in place of its digest.
-_FAILED = "\x00failed\x00"
+from .topology import FAILED
 _VERDICT_KEY = "torus/settings/verdict"
 
 
@@ -43,7 +41,7 @@ def shared_values(values: dict, tables: dict[str, tuple[Rule, ...]]) -> dict[str
     return shared
 
 
-def _ranks(ranks: list[int]) -> str:
+def describe_ranks(ranks) -> str:
     """[0, 1, 2, 4] -> 'ranks 0-2, 4'; [5] -> 'rank 5'."""
     spans: list[list[int]] = []
     for rank in sorted(ranks):
@@ -67,7 +65,7 @@ def disagreements(records: dict[tuple[int, ...], dict[str, str]]) -> list[str]:
             holders.setdefault(record.get(name, "(none)"), []).extend(ranks)
         if len(holders) < 2:
             continue
-        sides = ", ".join(f"{value!r} on {_ranks(ranks)}" for value, ranks in
+        sides = ", ".join(f"{value!r} on {describe_ranks(ranks)}" for value, ranks in
                           sorted(holders.items(), key=lambda item: min(item[1])))
         if name.startswith("TORUS_"):
             lines.append(f"{name} differs between ranks: {sides}")
@@ -84,7 +82,7 @@ def agree_settings(store, rank: int, size: int, mine: dict[str, str] | str) -> N
     if size == 1:
         return
     if isinstance(mine, str):
-        store.set(_digest_key(rank), _FAILED + mine)
+        store.set(_digest_key(rank), FAILED + mine)
     else:
         record = json.dumps(mine, sort_keys=True)
         store.set(_record_key(rank), record)
@@ -101,8 +99,8 @@ def agree_settings(store, rank: int, size: int, mine: dict[str, str] | str) -> N
 
 def _verdict(store, digests: list[str]) -> str:
     """Rank 0's answer to every rank's digest: empty when they agree, else the error."""
-    failed = [f"rank {r} cannot create the group: {d[len(_FAILED):]}" for r, d in enumerate(digests)
-              if d.startswith(_FAILED)]
+    failed = [f"rank {r} cannot create the group: {d[len(FAILED):]}" for r, d in enumerate(digests)
+              if d.startswith(FAILED)]
     if failed:
         return "; ".join(failed)
     by_digest: dict[str, list[int]] = {}

@@ -37,8 +37,9 @@ def host_identity() -> str:
     return "|".join(parts)
 
 
-# A rank that cannot create the group publishes this, then its error, in place of its record.
-_FAILED = "\x00failed\x00"
+# A rank that cannot create the group publishes this, then its error, in place of its record (here,
+# and in agreement.py's digests).
+FAILED = "\x00failed\x00"
 # Where rank 0 publishes what every rank reads back.
 _MEETING_KEY = "torus/meeting"
 
@@ -46,7 +47,7 @@ _MEETING_KEY = "torus/meeting"
 def publish_failure(store, rank: int, error: str) -> None:
     """Tell the group's other ranks, waiting in meet(), that this one cannot join."""
     try:
-        store.set(f"torus/host/{rank}", _FAILED + error)
+        store.set(f"torus/host/{rank}", FAILED + error)
         if rank == 0:  # nobody else would publish the meeting
             store.set(_MEETING_KEY, json.dumps({"failed": {"0": error}}))
     except Exception:  # the store is gone too: the others will time out, naming the key
@@ -92,7 +93,7 @@ def _is_loopback(address: str) -> bool:
 def meeting_of(records: list[str]) -> dict:
     """Rank 0's answer to the records every rank published (rank order): failures, else host
     numbers and the loopback verdict."""
-    failed = {str(r): v[len(_FAILED):] for r, v in enumerate(records) if v.startswith(_FAILED)}
+    failed = {str(r): v[len(FAILED):] for r, v in enumerate(records) if v.startswith(FAILED)}
     if failed:
         return {"failed": failed}
     parsed = [json.loads(v) for v in records]

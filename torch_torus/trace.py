@@ -18,6 +18,8 @@ import re
 import sys
 import tempfile
 
+from .agreement import describe_ranks
+
 _DUMP = re.compile(r"rank(\d+)\.json$")
 # The last collectives whose latest arrival the report names.
 _LAST = 5
@@ -49,11 +51,6 @@ def _signature(entry: dict) -> str:
     if entry["issued_by"] != "caller":
         text += " (issued by a callback)"
     return text
-
-
-def _ranks(ranks) -> str:
-    ranks = sorted(ranks)
-    return ("rank " if len(ranks) == 1 else "ranks ") + ", ".join(map(str, ranks))
 
 
 def analyze(dumps: dict[int, dict]) -> dict:
@@ -103,12 +100,13 @@ def analyze(dumps: dict[int, dict]) -> dict:
     problems = []
     if no_dump or behind:
         what = collectives[next(r for r in collectives if newest in collectives[r])][newest]
-        problems.append(f"collective #{newest} ({_signature(what)}): {_ranks(set(collectives) - set(behind))} "
-                        f"reached it; {_ranks(sorted(set(behind) | set(no_dump)))} never did"
-                        + (f" ({_ranks(no_dump)} wrote no dump)" if no_dump else ""))
+        reached = set(collectives) - set(behind)
+        problems.append(f"collective #{newest} ({_signature(what)}): {describe_ranks(reached)} reached it; "
+                        f"{describe_ranks(set(behind) | set(no_dump))} never did"
+                        + (f" ({describe_ranks(no_dump)} wrote no dump)" if no_dump else ""))
     for m in mismatches:
         problems.append(f"collective #{m['seq']}: ranks called different collectives: " +
-                        "; ".join(f"{_ranks(c['ranks'])} called {c['call']}" for c in m["calls"]))
+                        "; ".join(f"{describe_ranks(c['ranks'])} called {c['call']}" for c in m["calls"]))
     return {"world_size": size, "group": next(iter(dumps.values()))["pg_id"], "ranks": ranks,
             "missing": sorted(set(behind) | set(no_dump)), "no_dump": no_dump, "newest": newest,
             "mismatches": mismatches, "slowest": slowest, "problems": problems}
