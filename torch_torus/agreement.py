@@ -16,7 +16,7 @@ import hashlib
 import json
 
 from .config import SETTINGS, ConfigError, Rule, render_rules
-from .topology import FAILED
+from .topology import FAILED, describe_failures, failures_of
 _VERDICT_KEY = "torus/settings/verdict"
 
 
@@ -99,10 +99,9 @@ def agree_settings(store, rank: int, size: int, mine: dict[str, str] | str) -> N
 
 def _verdict(store, digests: list[str]) -> str:
     """Rank 0's answer to every rank's digest: empty when they agree, else the error."""
-    failed = [f"rank {r} cannot create the group: {d[len(FAILED):]}" for r, d in enumerate(digests)
-              if d.startswith(FAILED)]
+    failed = failures_of(digests)
     if failed:
-        return "; ".join(failed)
+        return describe_failures(failed)
     by_digest: dict[str, list[int]] = {}
     for r, digest in enumerate(digests):
         by_digest.setdefault(digest, []).append(r)

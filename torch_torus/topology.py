@@ -90,10 +90,20 @@ def _is_loopback(address: str) -> bool:
         return False
 
 
+def failures_of(records: list[str]) -> dict[str, str]:
+    """The errors of the ranks whose record (rank order) says they cannot create the group."""
+    return {str(r): v[len(FAILED):] for r, v in enumerate(records) if v.startswith(FAILED)}
+
+
+def describe_failures(failed: dict[str, str]) -> str:
+    """'rank 2 cannot create the group: <its error>; ...'"""
+    return "; ".join(f"rank {r} cannot create the group: {why}" for r, why in failed.items())
+
+
 def meeting_of(records: list[str]) -> dict:
     """Rank 0's answer to the records every rank published (rank order): failures, else host
     numbers and the loopback verdict."""
-    failed = {str(r): v[len(FAILED):] for r, v in enumerate(records) if v.startswith(FAILED)}
+    failed = failures_of(records)
     if failed:
         return {"failed": failed}
     parsed = [json.loads(v) for v in records]
@@ -122,7 +132,7 @@ def meet(store, rank: int, size: int, identity: str, address: str = "", ifname: 
     else:
         answer = json.loads(bytes(store.get(_MEETING_KEY)).decode())
     if "failed" in answer:
-        raise ConfigError("; ".join(f"rank {r} cannot create the group: {why}" for r, why in answer["failed"].items()))
+        raise ConfigError(describe_failures(answer["failed"]))
     loopback = answer["loopback"]
     return Meeting([f"host{h}" for h in answer["hosts"]], tuple(loopback) if loopback else None)
 
