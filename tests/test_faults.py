@@ -167,6 +167,14 @@ def _killed_rank(rank, world_size, path, transport, kind, victim, queue, done, a
                             timeout=datetime.timedelta(seconds=120))
     if warm_up:
         _run_kind(kind, rank, world_size)
+        # A sender's call may end before its bytes arrive (an eager send ends when the fabric
+        # took them): the victim dies only once every survivor has finished warming up, told
+        # through the store, which the kill does not touch.
+        store = dist.distributed_c10d._get_default_store()
+        if rank == victim:
+            store.wait([f"warm/{r}" for r in range(world_size) if r != victim])
+        else:
+            store.set(f"warm/{rank}", "1")
     if rank == victim:
         if fork_child and os.fork() == 0:
             # A DataLoader worker, say: it outlives the rank and must not keep its connections.
