@@ -46,6 +46,13 @@ def test_bench_rounds_time_every_contender_and_report_the_best(tmp_path):
     assert sorted({row["size_bytes"] for row in rows}) == [1024, 4096, 16384]
     assert len(rows) == 12 and all(row["wrong"] == 0 and row["time_us"] > 0 for row in rows), rows
     assert sum(row["contender"] == "torus:api=op" for row in rows) == 3, rows
+    # One host, CPU tensors: the memory's bound, measured by both ranks (2 cores here, or more).
+    memory = document["host_memory_bandwidth"]
+    assert memory["processes"] == min(2, len(os.sched_getaffinity(0))) and memory["gbps"] > 0, memory
+    assert "# host memory: " in output and "%mem" in output, output
+    for row in rows:  # 2·n·S bytes over the bandwidth, as a share of the time
+        bound_us = 2 * 2 * row["size_bytes"] / (memory["gbps"] * 1e9) * 1e6
+        assert row["share_of_memory_bound"] == pytest.approx(bound_us / row["time_us"]), row
 
 
 @pytest.mark.parametrize("arguments, complaint", [
@@ -68,6 +75,7 @@ def test_tune_writes_an_entry_for_the_job_and_prints_it(tmp_path):
     assert "round/s" not in output, output  # no progress bar where stderr is not a terminal
     [entry] = tuning.read(str(path))
     assert entry.layout == tuning.Layout(2, None, (2,), "shm")
+    assert "# host memory: " in output and entry.record["host_memory"]["gbps"] > 0, entry.record
     measured = entry.record["measured"]
     assert measured["sizes"] == [4096, 65536, 1 << 20]
     times = measured["time_us"]
@@ -130,6 +138,7 @@ def _report(args, tmp_path):
 
     collective = COLLECTIVES["allreduce"](4, 0, 0)
     copy = getattr(args, "device_copy", None)
+    memory = getattr(args, "host_memory", None)
     rows_by_size = []
     for size, times_us in ((4096, (50.0, 80.0)), (1 << 28, (200.0, 800.0))):
         rows = []
@@ -138,7 +147,9 @@ def _report(args, tmp_path):
             busbw = algbw * collective.bus_factor()
             rows.append(Row(contender=contender, size_bytes=size, count=size // 4, time_us=time_us, algbw=algbw,
                             busbw=busbw, wrong=0, algorithm=None,
-                            copy_share=busbw / copy.gbps if copy is not None else None))
+                            copy_share=busbw / copy.gbps if copy is not None else None,
+                            memory_share=(memory.bound_seconds(collective.memory_bytes(size)) / (time_us * 1e-6)
+                                          if memory is not None else None)))
         rows_by_size.append(rows)
     table = Table(collective, args)
     lines = (header(collective, args, ["host"] * 4) + table.header_lines()
@@ -173,6 +184,36 @@ def test_bench_on_cuda_reports_each_busbw_as_a_share_of_the_device_copy(tmp_path
     assert document["device_copy"]["gbps"] == 3000.0 and document["device_copy"]["bytes"] == 256 << 20
     shares = [row["busbw_share_of_device_copy"] for row in document["rows"]]
     assert shares == pytest.approx([row["busbw_gbps"] / 3000.0 for row in document["rows"]])
+
+
+def test_bench_on_one_cpu_host_reports_the_memory_bound_as_a_share_of_each_time(tmp_path):
+    from torch_torus.bench.cli import parse_args
+    from torch_torus.bench.memory_bound import HostMemory
+
+    args = parse_args(["--backends", "gloo;mpi"])
+    args.host_memory = HostMemory(gbps=20.0, nbytes=64 << 20, processes=2, rounds=5, copies=4)
+    lines, document = _report(args, tmp_path)
+    text = "\n".join(lines)
+    assert "# host memory: 20.0 GB/s, bytes read + written per second by 2 ranks at once" in text, text
+    assert "2·n·S / 20.0 GB/s" in text, text
+    [names] = [line for line in lines if line.lstrip("# ").startswith("size") and "#wrong" in line]
+    assert names.count("%mem") == 2, names
+    # 4 KiB on 4 ranks: 2·4·4 KiB through memory at 20 GB/s take 1.64 us; in 50 us, 3%; in 80 us, 2%.
+    [small] = [line for line in lines if line.split()[:1] == ["4096"] and "float32" in line]
+    assert small.split()[9] == "3" and small.split()[14] == "2", small
+    assert document["host_memory_bandwidth"] == {"gbps": 20.0, "bytes_per_process": 64 << 20, "processes": 2,
+                                                 "rounds": 5, "copies_per_round": 4}
+    shares = [row["share_of_memory_bound"] for row in document["rows"]]
+    assert shares == pytest.approx([8 * row["size_bytes"] / 20e9 / (row["time_us"] * 1e-6) for row in document["rows"]])
+
+
+def test_memory_bound_counts_each_input_read_and_each_output_written_once():
+    from torch_torus.bench.collectives import COLLECTIVES
+
+    size, n = 1 << 20, 4
+    expected = {"allreduce": 2 * n * size, "alltoall": 2 * n * size, "broadcast": n * size,
+                "allgather": (n + 1) * size, "reduce_scatter": (n + 1) * size}
+    assert {name: cls(n, 0, 0).memory_bytes(size) for name, cls in COLLECTIVES.items()} == expected
 
 
 @pytest.mark.skipif(not __import__("torch").cuda.is_available(), reason="no GPU is visible to torch")

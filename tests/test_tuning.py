@@ -80,6 +80,29 @@ def test_no_file_or_no_matching_entry_leaves_the_cost_model(tmp_path):
     assert tuning.tuned_allreduce(path, ["h"] * 4, choose_grid(4, ["h"] * 4, None), "tcp") is None
 
 
+def test_a_layout_without_a_table_runs_the_cost_model_on_the_memory_the_tuner_measured(tmp_path):
+    import torch_torus
+    from torch_torus.cost_model import SHM_FIT_MEMORY_GBPS, SHM_MACHINE
+
+    faster = SHM_MACHINE.with_memory(4 * SHM_FIT_MEMORY_GBPS)
+    assert (faster.bandwidth, faster.reduce_rate, faster.latency) == pytest.approx(
+        (4 * SHM_MACHINE.bandwidth, 4 * SHM_MACHINE.reduce_rate, SHM_MACHINE.latency))
+    path = str(tmp_path / "tuning.json")
+    memory = {"gbps": 4 * SHM_FIT_MEMORY_GBPS, "bytes_per_process": 64 << 20, "processes": 2, "rounds": 5,
+              "copies_per_round": 4}
+    tuning.write(path, tuning.make_entry(layout_of(4), SIZES, TIMES, {"host_memory": memory}))
+    assert tuning.host_memory_gbps(path) == 4 * SHM_FIT_MEMORY_GBPS
+    values = config.resolve(None, environ={"TORUS_TUNING_FILE": path})
+    hosts = ["h"] * 8  # no entry for 8 ranks: the model chooses, on that memory
+    _, grid, transport, tables, tuned = torch_torus.group_config(values, 8, hosts)
+    assert tuned is None and transport == "shm"
+    assert tables == resolve_tables(values, 8, grid, "shm", machine=faster, hosts=hosts)
+    assert tables["allreduce"] != resolve_tables(values, 8, grid, "shm", hosts=hosts)["allreduce"]
+    # Over TCP the memory plays no part.
+    tcp = config.resolve(None, environ={"TORUS_TUNING_FILE": path, "TORUS_TRANSPORT": "tcp"})
+    assert torch_torus.group_config(tcp, 8, hosts)[3] == resolve_tables(tcp, 8, grid, "tcp", hosts=hosts)
+
+
 def test_user_rules_win_over_the_tuned_table():
     values = config.resolve(None, environ={"TORUS_ALLREDUCE": "direct:0-1000"})
     tuned = tuning.rules_from_measurements(SIZES, TIMES)

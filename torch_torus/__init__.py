@@ -18,6 +18,7 @@ from . import _C, callbacks
 from ._version import __version__
 from .agreement import agree_settings, shared_values
 from .config import SETTINGS, ConfigError, Options, resolve
+from .cost_model import MACHINES
 from .hybrid import HostGroups, HybridAverager, HybridUpdateError, host_groups
 from .launch import init_from_launcher, init_from_mpi, init_from_slurm
 from .network import local_address
@@ -26,7 +27,7 @@ from .topology import (agree_epoch, choose_grid, choose_transport, host_identity
                        rendezvous_environ)
 from .trace import trace_directory
 from .tuning import read as read_tuning
-from .tuning import tuned_allreduce
+from .tuning import host_memory_gbps, tuned_allreduce
 
 __all__ = ["__version__", "Options", "ConfigError", "SETTINGS", "BACKEND_NAME", "algorithm_for", "traffic", "reset_traffic",
            "init_from_mpi", "init_from_slurm", "init_from_launcher", "monitored_barrier",
@@ -45,7 +46,10 @@ def group_config(values: dict, size: int, hosts: list[str], address: str = "127.
     grid = choose_grid(size, hosts, values["torus_dims"])
     transport = choose_transport(values["transport"], hosts)
     tuned = tuned_allreduce(values["tuning_file"], hosts, grid, transport, entries=tuning)
-    tables = resolve_tables(values, size, grid, transport, tuned_allreduce=tuned, hosts=hosts)
+    # A layout the file has no table for still runs on the memory the tuner measured.
+    memory = host_memory_gbps(values["tuning_file"], entries=tuning) if transport == "shm" else None
+    machine = MACHINES["shm"].with_memory(memory) if memory is not None else None
+    tables = resolve_tables(values, size, grid, transport, machine=machine, tuned_allreduce=tuned, hosts=hosts)
     config = _C.TorusConfig()
     config.transport = transport
     config.address = address

@@ -83,6 +83,13 @@ class Machine:
         return (terms.steps * self.latency + terms.wire_bytes / self.bandwidth
                 + terms.reduced_bytes / self.reduce_rate + terms.extra_messages * self.message_overhead)
 
+    def with_memory(self, gbps: float) -> "Machine":
+        """This shared-memory machine on a host whose memory moves `gbps` (read + written, all
+        cores at once; bench.memory_bound): over shared memory both copying and reducing stream
+        through memory, so they scale with it."""
+        scale = gbps / SHM_FIT_MEMORY_GBPS
+        return dataclasses.replace(self, bandwidth=self.bandwidth * scale, reduce_rate=self.reduce_rate * scale)
+
     def on_host(self, ranks: int, cores: int) -> "Machine":
         """This machine with `ranks` ranks sharing `cores` cores: each step costs
         crowded_latency x (ranks per core - 1) more where ranks outnumber cores."""
@@ -96,6 +103,9 @@ class Machine:
 DEFAULT_MACHINE = Machine(latency=260e-6, bandwidth=0.41e9, reduce_rate=2.5e9, message_overhead=230e-6)
 # Fitted to the 2-, 4- and 8-rank shared-memory runs on 2 cores, calls on the calling thread
 # (benchmarks/results/cost_model_fit_shm_issue18.txt).
+# The memory bandwidth of the host SHM_MACHINE was fitted on (2 processes copying 64 MiB at once,
+# issue 42); a tuning file's measured figure scales it to another host (Machine.with_memory).
+SHM_FIT_MEMORY_GBPS = 27.3
 SHM_MACHINE = Machine(latency=2.5e-6, bandwidth=5.06e9, reduce_rate=10.0e9, message_overhead=10.9e-6,
                       crowded_latency=21.5e-6)
 # Across hosts (shm+tcp: shared memory inside each host) the network bounds what the model sees.

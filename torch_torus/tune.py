@@ -37,6 +37,7 @@ import torch.distributed as dist
 from tqdm import tqdm
 
 from . import tuning
+from .bench.memory_bound import host_memory_bandwidth
 from .bench.sizes import human_size, parse_size, size_steps
 from .bench.timing import TIMINGS, RoundPlan, time_contenders
 from .config import Options, resolve
@@ -107,11 +108,15 @@ def main(argv: list[str] | None = None) -> None:
     groups = {a: dist.new_group(backend="torus", pg_options=Options(allreduce=a, tuning_file=""))
               for a in algorithms}
     sizes = size_steps(args.min_bytes, args.max_bytes, args.factor)
+    # On one host, what its memory moves: the cost model's shared-memory machine scales with it.
+    memory = host_memory_bandwidth(bootstrap) if len(set(hosts)) == 1 else None
     if rank == 0:
         print(f"# torch_torus.tune: {layout}; algorithms {', '.join(algorithms)}; sizes "
               f"{human_size(sizes[0])}-{human_size(sizes[-1])} x{args.factor}; {args.rounds} rounds of "
               f"{args.iters} calls after {args.warmup} warmup; timing {args.timing}: {TIMINGS[args.timing]}",
               flush=True)
+        if memory is not None:
+            print(f"# host memory: {memory.describe()}", flush=True)
 
     elements = {size: max(1, size // 4) for size in sizes}
     runs = {size: [a for a in algorithms if torch_torus.algorithm_for("allreduce", 4 * elements[size], groups[a]) == a]
@@ -141,6 +146,8 @@ def main(argv: list[str] | None = None) -> None:
                  "torch": torch.__version__, "torus_inner": values["torus_inner"],
                  "chunk_bytes": values["chunk_bytes"], "iters": args.iters, "rounds": args.rounds,
                  "min_round_ms": args.min_round_ms, "timing": args.timing}
+        if memory is not None:
+            about["host_memory"] = memory.to_json()
         entry = tuning.make_entry(layout, sizes, time_us, about)
         tuning.write(output, entry)
         time_is = "median call of the slowest rank" if args.timing == "osu" else "best round"

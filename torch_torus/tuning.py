@@ -189,6 +189,18 @@ def write(path: str, entry: dict) -> None:
         file.write("\n")
 
 
+def host_memory_gbps(path: str, entries: list[Entry] | None = None) -> float | None:
+    """The host memory bandwidth (GB/s, read + written) the tuner last measured into the file
+    (its latest entry made on one host), or None."""
+    if not path:
+        return None
+    for entry in reversed(read(path) if entries is None else entries):
+        memory = entry.record.get("host_memory")
+        if isinstance(memory, dict) and isinstance(memory.get("gbps"), (int, float)) and memory["gbps"] > 0:
+            return float(memory["gbps"])
+    return None
+
+
 def tuned_allreduce(path: str, hosts: list[str], grid: Grid | None, transport: str,
                     entries: list[Entry] | None = None) -> tuple[Rule, ...] | None:
     """The tuned table for a group of this layout, or None without a file or a matching entry.

@@ -28,6 +28,10 @@ Columns follow nccl-tests (all_reduce_perf and friends):
   #wrong elements that differ from the expected result, summed over ranks (--check)
   %copy  with --device cuda: busbw as a percentage of the device-to-device copy bandwidth of rank
          0's GPU, measured once at the start (a 256 MiB copy_, bytes read + written per second)
+  %mem   on one CPU host: the memory's bound as a percentage of the time. The bound is the
+         bytes the collective must read and write at least once (2·n·S for allreduce: every
+         rank's input read, its output written) over the host's memory bandwidth, measured at
+         the start by min(cores, ranks) ranks copying 64 MiB each at once (memory_bound.py)
 
 The script runs under torchrun or any launcher that sets the env:// variables (MASTER_ADDR,
 MASTER_PORT, RANK, WORLD_SIZE), and under mpiexec (MPICH or Open MPI) and Slurm's srun, from

@@ -16,6 +16,7 @@ from .contenders import (MPI_CONTENDER, MPI_LAUNCH_EXAMPLE, MPI_REDUCE_OPS, impo
 from .measure import counts_to_measure, measure_size
 from .report import Table, header, summary, write_json, write_plot
 from .sizes import parse_size
+from .memory_bound import host_memory_bandwidth
 from .timing import TIMINGS, DeviceCopy, device_copy_bandwidth
 
 
@@ -186,6 +187,9 @@ def main(argv: list[str] | None = None) -> None:
 
     hostnames: list[str] = [""] * world_size
     dist.all_gather_object(hostnames, socket.gethostname(), group=bootstrap)
+    one_host = len(set(hostnames)) == 1
+    # Before the first size, while no contender's buffers are in use.
+    args.host_memory = host_memory_bandwidth(bootstrap) if one_host and args.device == "cpu" else None
     collective = COLLECTIVES[args.collective](world_size, rank, args.root)
     pattern = CheckPattern.make(args.op, world_size)
     table = Table(collective, args)
@@ -198,7 +202,7 @@ def main(argv: list[str] | None = None) -> None:
     rows_by_size = []
     for count in counts_to_measure(collective, args):
         rows = measure_size(count, collective, args, pattern, bootstrap, device, synchronize,
-                            one_host=len(set(hostnames)) == 1)
+                            one_host=one_host)
         rows_by_size.append(rows)
         report([table.row_line(rows)])
     report(summary(rows_by_size, args))

@@ -84,6 +84,7 @@ class Collective:
 
     name: str
     bus_factor_doc: str
+    memory_bytes_doc: str  # memory_bytes as a formula of S (size) and n
     has_op = False
     has_root = False
 
@@ -97,6 +98,11 @@ class Collective:
         return count * itemsize
 
     def bus_factor(self) -> float:
+        raise NotImplementedError
+
+    def memory_bytes(self, size_bytes: int) -> int:
+        """Bytes that must pass through memory when all ranks share one host's: every rank's
+        input read once and its output written once (the bench's %mem bound)."""
         raise NotImplementedError
 
     def allocate(self, count: int, dtype: torch.dtype, device: torch.device) -> Buffers:
@@ -124,9 +130,13 @@ class Collective:
 
 class AllReduce(Collective):
     name, bus_factor_doc, has_op = "allreduce", "2(n-1)/n", True
+    memory_bytes_doc = "2·n·S"
 
     def bus_factor(self):
         return 2 * (self.world_size - 1) / self.world_size
+
+    def memory_bytes(self, size_bytes):
+        return 2 * self.world_size * size_bytes
 
     def call(self, buffers, group, op):
         dist.all_reduce(buffers.input, op=op, group=group)
@@ -140,9 +150,13 @@ class AllReduce(Collective):
 
 class Broadcast(Collective):
     name, bus_factor_doc, has_root = "broadcast", "1", True
+    memory_bytes_doc = "n·S"
 
     def bus_factor(self):
         return 1.0
+
+    def memory_bytes(self, size_bytes):
+        return self.world_size * size_bytes  # the root's read, every other rank's write
 
     def call(self, buffers, group, op):
         dist.broadcast(buffers.input, group_src=self.root, group=group)
@@ -165,6 +179,7 @@ class ShardedCollective(Collective):
     """Collectives whose count is one rank's share of a buffer of world_size shares."""
 
     bus_factor_doc = "(n-1)/n"
+    memory_bytes_doc = "(n+1)·S"
 
     def count_for(self, size_bytes, itemsize):
         return max(1, size_bytes // (itemsize * self.world_size))
@@ -188,6 +203,9 @@ class ShardedCollective(Collective):
 class AllGather(ShardedCollective):
     name = "allgather"
 
+    def memory_bytes(self, size_bytes):
+        return size_bytes + self.world_size * size_bytes  # the shares read, every output written
+
     def buffer_lengths(self, count):
         return count, count * self.world_size
 
@@ -204,6 +222,9 @@ class AllGather(ShardedCollective):
 class ReduceScatter(ShardedCollective):
     name, has_op = "reduce_scatter", True
 
+    def memory_bytes(self, size_bytes):
+        return self.world_size * size_bytes + size_bytes  # every input read, the shares written
+
     def buffer_lengths(self, count):
         return count * self.world_size, count
 
@@ -218,7 +239,10 @@ class ReduceScatter(ShardedCollective):
 
 
 class AllToAll(ShardedCollective):
-    name = "alltoall"
+    name, memory_bytes_doc = "alltoall", "2·n·S"
+
+    def memory_bytes(self, size_bytes):
+        return 2 * self.world_size * size_bytes
 
     def buffer_lengths(self, count):
         return count * self.world_size, count * self.world_size

@@ -30,6 +30,8 @@ class Row:
     algorithm: str | None
     # busbw / the GPU's device-to-device copy bandwidth (--device cuda), else None
     copy_share: float | None = None
+    # on one CPU host: the memory's bound (memory_bound.py) as a share of the time, else None
+    memory_share: float | None = None
     # --timing osu: each rank's mean per call, averaged, least and most over ranks; else None
     latency_avg_us: float | None = None
     latency_min_us: float | None = None
@@ -53,6 +55,8 @@ class Row:
         }
         if self.copy_share is not None:
             row["busbw_share_of_device_copy"] = self.copy_share
+        if self.memory_share is not None:
+            row["share_of_memory_bound"] = self.memory_share
         if self.latency_avg_us is not None:
             row.update(latency_avg_us=self.latency_avg_us, latency_min_us=self.latency_min_us,
                        latency_max_us=self.latency_max_us)
@@ -91,6 +95,8 @@ def measure_size(count: int, collective: Collective, args: argparse.Namespace,
         wrong = wrong_tensor.tolist()
 
     copy = getattr(args, "device_copy", None)  # a timing.DeviceCopy on CUDA
+    memory = getattr(args, "host_memory", None)  # a memory_bound.HostMemory on one CPU host
+    bound = memory.bound_seconds(collective.memory_bytes(size_bytes)) if memory is not None else None
     rows = []
     for index, contender in enumerate(contenders):
         algbw = size_bytes / measured[index].seconds / 1e9
@@ -101,6 +107,7 @@ def measure_size(count: int, collective: Collective, args: argparse.Namespace,
             wrong=wrong[index],
             algorithm=contender.algorithm(collective.name, size_bytes),
             copy_share=busbw / copy.gbps if copy is not None else None,
+            memory_share=bound / measured[index].seconds if bound is not None else None,
             **latency_fields(measured[index])))
     return rows
 

@@ -13,6 +13,7 @@ import torch
 from .collectives import Collective
 from .contenders import Contender
 from .measure import Row
+from .memory_bound import HostMemory
 from .sizes import human_size
 from .timing import TIMINGS, DeviceCopy
 
@@ -30,16 +31,19 @@ class Table:
     LATENCY = "  {:>9}  {:>9}  {:>9}  {:>7}  {:>7}"
     BANDWIDTH = "  {:>7}  {:>7}  {:>6}"  # algbw, busbw, #wrong
     COPY_SHARE = "  {:>6}"  # with --device cuda: busbw as a percentage of the GPU's copy bandwidth
+    MEMORY_SHARE = "  {:>5}"  # on one CPU host: the memory's bound as a percentage of the time
     ALGORITHM = "  {:>18}"
 
     def __init__(self, collective: Collective, args: argparse.Namespace):
         self.collective, self.contenders, self.args = collective, args.contenders, args
         self.copy: DeviceCopy | None = getattr(args, "device_copy", None)
+        self.memory: HostMemory | None = getattr(args, "host_memory", None)
         self.latency = args.timing == "osu"
 
     def group_format(self, contender: Contender) -> str:
         return (self.TIME + (self.LATENCY if self.latency else "") + self.BANDWIDTH
-                + (self.COPY_SHARE if self.copy else "") + (self.ALGORITHM if contender.algorithm_for else ""))
+                + (self.COPY_SHARE if self.copy else "") + (self.MEMORY_SHARE if self.memory else "")
+                + (self.ALGORITHM if contender.algorithm_for else ""))
 
     def header_lines(self) -> list[str]:
         common_width = len(self.COMMON.format(*[""] * 5))
@@ -54,7 +58,7 @@ class Table:
                 title = title[:width - 5] + "..."
             titles += "  " + title.ljust(width - 2)
             latency = ("avg lat", "min lat", "max lat", "skew", "in all") if self.latency else ()
-            share = ("%copy",) if self.copy else ()
+            share = ("%copy",) * bool(self.copy) + ("%mem",) * bool(self.memory)
             extra = ("algorithm",) if contender.algorithm_for else ()
             names += group.format("time", *latency, "algbw", "busbw", "#wrong", *share, *extra)
             units += group.format("(us)", *("(us)",) * len(latency), "(GB/s)", "(GB/s)", "",
@@ -76,6 +80,8 @@ class Table:
             values += [f"{row.algbw:.3f}", f"{row.busbw:.3f}", "-" if row.wrong is None else str(row.wrong)]
             if self.copy:
                 values.append("-" if row.copy_share is None else f"{100 * row.copy_share:.2f}")
+            if self.memory:
+                values.append("-" if row.memory_share is None else f"{100 * row.memory_share:.0f}")
             if row.contender.algorithm_for:
                 values.append(row.algorithm)
             line += self.group_format(row.contender).format(*values)
@@ -127,6 +133,12 @@ def header(collective: Collective, args: argparse.Namespace, hostnames: list[str
             f"# device-to-device copy on rank 0's GPU, {copy.device}: {copy.gbps:.1f} GB/s, bytes read + "
             f"written per second by a torch copy_ of {human_size(copy.nbytes)}iB, timed with CUDA events, best "
             f"of {copy.rounds} rounds of {copy.copies}; %copy = busbw as a percentage of it")
+    memory: HostMemory | None = getattr(args, "host_memory", None)
+    if memory is not None:
+        lines.append(f"# host memory: {memory.describe()}")
+        lines.append(f"# %mem = the memory's bound as a percentage of the time: {collective.name} reads and writes "
+                     f"at least {collective.memory_bytes_doc} bytes (each input read once, each output written "
+                     f"once), which take {collective.memory_bytes_doc} / {memory.gbps:.1f} GB/s")
     lines.append("# contenders:")
     for index, contender in enumerate(args.contenders, 1):
         if contender.library:
@@ -203,6 +215,9 @@ def write_json(path: str, collective: Collective, args: argparse.Namespace, host
         document["device_copy"] = {"gbps": copy.gbps, "bytes": copy.nbytes, "device": copy.device,
                                    "rounds": copy.rounds, "copies_per_round": copy.copies,
                                    "measured_on": "rank 0"}
+    memory: HostMemory | None = getattr(args, "host_memory", None)
+    if memory is not None:  # the rows' share_of_memory_bound are shares of its bound
+        document["host_memory_bandwidth"] = memory.to_json()
     with open(path, "w") as file:
         json.dump(document, file, indent=1)
 

@@ -1,0 +1,89 @@
+"""The memory's bound on one host: what the host's memory moves when every core copies at once,
+and the least time a collective can take through it.
+
+A collective of S bytes on n ranks of one host must read each input byte and write each output
+byte at least once (Collective.memory_bytes: 2·n·S for an in-place allreduce). At the host's
+memory bandwidth B (bytes read plus bytes written per second, all cores together) that takes
+memory_bytes / B; the bench's %mem column is that bound as a share of the measured time.
+
+B is timed by as many ranks as can run at once (one per core, at most one per rank), each
+copying its own buffer with one thread, all started together: more processes than cores would
+time-slice, and one process alone cannot draw what the memory gives all cores.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import os
+import time
+
+import torch
+import torch.distributed as dist
+
+from .sizes import human_size
+
+# Far above any last-level cache, so that the copies go to memory.
+HOST_COPY_BYTES = 64 << 20
+
+
+@dataclasses.dataclass(frozen=True)
+class HostMemory:
+    """The host's memory bandwidth as `processes` ranks copying at once measured it."""
+
+    gbps: float  # 1e9 bytes read + written per second, all processes together
+    nbytes: int  # each process's buffer
+    processes: int
+    rounds: int
+    copies: int  # per process and round
+
+    def bound_seconds(self, memory_bytes: int) -> float:
+        return memory_bytes / (self.gbps * 1e9)
+
+    def describe(self) -> str:
+        return (f"{self.gbps:.1f} GB/s, bytes read + written per second by {self.processes} rank"
+                f"{'s' if self.processes > 1 else ''} at once, each copying {human_size(self.nbytes)}iB with one "
+                f"thread, best of {self.rounds} rounds of {self.copies} copies")
+
+    def to_json(self) -> dict:
+        return {"gbps": self.gbps, "bytes_per_process": self.nbytes, "processes": self.processes,
+                "rounds": self.rounds, "copies_per_round": self.copies}
+
+
+def usable_cores() -> int:
+    """The cores this process may run on (its affinity, as a launcher or cgroup set it)."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not Linux
+        return os.cpu_count() or 1
+
+
+def host_memory_bandwidth(bootstrap: dist.ProcessGroup, nbytes: int = HOST_COPY_BYTES, rounds: int = 5,
+                          copies: int = 4) -> HostMemory:
+    """Every rank of `bootstrap` (all on one host) calls this; ranks below min(cores, ranks)
+    copy, the others only wait. Each round starts after a barrier; its time is the slowest
+    copier's, and the best round counts. Every rank gets the same figure."""
+    rank, world_size = dist.get_rank(bootstrap), dist.get_world_size(bootstrap)
+    processes = max(1, min(usable_cores(), world_size))
+    copier = rank < processes
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # one core per process: the processes, not the threads, fill the cores
+    try:
+        if copier:
+            source = torch.ones(nbytes, dtype=torch.uint8)
+            target = torch.empty_like(source)
+            target.copy_(source)  # touched: no page faults in the timed copies
+        best = math.inf
+        for _ in range(rounds):
+            dist.barrier(group=bootstrap)
+            start = time.perf_counter()
+            if copier:
+                for _ in range(copies):
+                    target.copy_(source)
+            slowest = torch.tensor([time.perf_counter() - start if copier else 0.0], dtype=torch.float64)
+            dist.all_reduce(slowest, op=dist.ReduceOp.MAX, group=bootstrap)
+            best = min(best, slowest.item())
+    finally:
+        torch.set_num_threads(threads)
+    return HostMemory(gbps=processes * copies * 2 * nbytes / best / 1e9, nbytes=nbytes, processes=processes,
+                      rounds=rounds, copies=copies)
