@@ -229,3 +229,69 @@ def test_peer_that_leaves_mid_message_has_left(tmp_path, provider):
     if outcome != "returned whole":  # else the leaver's farewell delivered the rest first, as it may
         assert "rank 1 left the group" in outcome, f"{provider}: the leaver is not named as leaving: {outcome}"
     assert seconds < GROUP_TIMEOUT + 5, f"{provider}: took {seconds:.1f} s: {outcome}"
+
+
+# ------------------------------------------------------------------ a read waits without the lock
+
+
+def _reader(rank, path, provider, queue):
+    os.environ.update(TORUS_TRANSPORT="ofi", TORUS_OFI_PROVIDER=provider, TORUS_OFI_RMA_BYTES="64K")
+    import torch
+    import torch.distributed as dist
+    import torch_torus  # noqa: F401
+
+    dist.init_process_group("torus", init_method="file://" + path, rank=rank, world_size=2,
+                            timeout=datetime.timedelta(seconds=GROUP_TIMEOUT))
+    pids = torch.zeros(2, dtype=torch.int64)
+    pids[rank] = os.getpid()
+    dist.all_reduce(pids)
+    stopped = int(pids[1])
+    if rank == 1:
+        lent = dist.isend(torch.arange(1 << 20, dtype=torch.float32), dst=0, tag=1)
+        dist.isend(torch.ones(4), dst=0, tag=2).wait()  # the announcement went out before it
+        os.kill(os.getpid(), signal.SIGSTOP)  # rank 0 continues this process
+        dist.recv(torch.empty(4), src=0, tag=3)
+        lent.wait()
+        dist.destroy_process_group()
+        return
+    _await_state(stopped, "T")
+    got = torch.empty(1 << 20)
+    failure = []
+
+    def receive():
+        try:
+            dist.recv(got, src=1, tag=1)
+        except Exception as e:  # noqa: BLE001 - reported to the test
+            failure.append(f"{type(e).__name__}: {e}")
+
+    reading = threading.Thread(target=receive)
+    reading.start()  # its read of rank 1's memory cannot end while rank 1 is stopped
+    time.sleep(KILL_AFTER)
+    start = time.monotonic()
+    dist.isend(torch.full((4,), 7.0), dst=1, tag=3)  # takes the transport's lock
+    queue.put(("isend", time.monotonic() - start))
+    os.kill(stopped, signal.SIGCONT)
+    reading.join(GROUP_TIMEOUT + 5)
+    queue.put(("read", "hung" if reading.is_alive() else failure[0] if failure else
+               "right" if torch.equal(got, torch.arange(1 << 20, dtype=torch.float32)) else "wrong"))
+    dist.destroy_process_group()
+
+
+@pytest.mark.parametrize("provider", ["tcp", "shm"])
+def test_a_read_from_a_stopped_peer_leaves_the_transport_free(tmp_path, provider):
+    """A receive that reads the peer's memory waits for the peer without holding the transport's
+    lock: while the peer is stopped, another thread's call on the group goes through, and the
+    read ends with the right data once the peer runs again."""
+    procs, queue = _start(_reader, str(tmp_path / "store"), provider)
+    try:
+        reports = dict(queue.get(timeout=STARTUP + GROUP_TIMEOUT) for _ in range(2))
+    finally:
+        for p in procs:  # a failed run must not leave rank 1 stopped
+            if p.pid:
+                try:
+                    os.kill(p.pid, signal.SIGCONT)
+                except ProcessLookupError:
+                    pass
+        _reap(procs)
+    assert reports["isend"] < KILL_AFTER, f"{provider}: the isend waited {reports['isend']:.1f} s for the read"
+    assert reports["read"] == "right", f"{provider}: the read {reports['read']}"

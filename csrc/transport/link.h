@@ -39,23 +39,30 @@ class Link {
     return false;
   }
 
-  // Messages larger than this go by the peer reading this process's memory (readPeerMemory on
-  // its side) instead of through the stream; SIZE_MAX: never.
+  // Messages larger than this go by the peer reading this process's memory (startRead on its
+  // side) instead of through the stream; SIZE_MAX: never.
   virtual size_t peerReadsAbove() const {
     return SIZE_MAX;
   }
   // Before a message above peerReadsAbove() is announced: lets the peer read the n bytes at buf
-  // until endLoan(key); returns the key its readPeerMemory needs besides the address (0 where
+  // until endLoan(key); returns the key its startRead needs besides the address (0 where
   // the Link needs none). Throws CommError when the memory cannot be lent.
   virtual uint64_t lend(const void* buf, size_t n) {
     return 0;
   }
   // The peer has read the lent memory, or will not: it may be reused or freed.
   virtual void endLoan(uint64_t key) {}
-  // Copies n bytes at `address` (lent with `key`) in the peer's memory into dst. Throws
-  // CommError when it cannot (the kernel refuses, or the peer gave up on the group and its
-  // buffer may be gone).
-  virtual void readPeerMemory(uint64_t address, uint64_t key, char* dst, size_t n);
+  // Reading the peer's memory: n bytes at `address` (lent with `key`) into dst, one read at a
+  // time per Link. startRead begins it and continueRead moves it on without waiting (the
+  // message layer calls it on every pass, with its lock held, so it never blocks): true once
+  // all n bytes are in dst. Both throw CommError when the read can end well no more (the peer
+  // died or gave up, the read's deadline passed, the group is being aborted). abandonRead gives
+  // up on a read begun and not finished: nothing lands in dst afterwards.
+  virtual void startRead(uint64_t address, uint64_t key, char* dst, size_t n);
+  virtual bool continueRead() {
+    return true;
+  }
+  virtual void abandonRead() {}
 };
 
 } // namespace torus

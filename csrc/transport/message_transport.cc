@@ -90,6 +90,14 @@ struct MessageTransport::Peer {
   std::vector<char> holding;
   // Receives this rank cleared the peer to send to, by the send's sequence.
   std::unordered_map<uint64_t, std::shared_ptr<Op>> awaitingData;
+  // Receives that read the peer's lent memory, in the order announced; the first is under way
+  // once `reading`. Each is answered with a done when its read ends.
+  struct Read {
+    std::shared_ptr<Op> op;
+    WireHeader header;
+  };
+  std::deque<Read> reads;
+  bool reading = false;
   // The sequence of the last ready-to-send the peer announced: each is the one after.
   uint64_t announced = 0;
   // Eager payload received and not yet credited back (held, being read, or owed): the peer sent
@@ -104,7 +112,7 @@ struct MessageTransport::Peer {
   uint64_t probedTag = UINT64_MAX;
 };
 
-void Link::readPeerMemory(uint64_t address, uint64_t key, char* dst, size_t n) {
+void Link::startRead(uint64_t address, uint64_t key, char* dst, size_t n) {
   throw CommError(CommError::Kind::kPeer, "this link cannot read the peer's memory");
 }
 
@@ -329,21 +337,48 @@ bool MessageTransport::takeHeld(Peer& peer, const std::shared_ptr<Op>& op) {
 
 void MessageTransport::answerReadyToSend(Peer& peer, const std::shared_ptr<Op>& op, const WireHeader& header,
                                          bool accepted) {
+  if (accepted && header.address != 0) {
+    // Read on later passes (advanceReads), never waited for here: the caller holds the lock.
+    peer.reads.push_back({op, header});
+    advanceReads(peer);
+    return;
+  }
   Frame answer;
   answer.header.sequence = header.sequence;
   answer.header.kind = kDoneFrame;
-  if (accepted && header.address != 0) {
-    try {
-      peer.link->readPeerMemory(header.address, header.key, op->buf, op->nbytes);
-      op->complete = true;
-    } catch (const CommError& e) {
-      op->fail(e.kind(), e.what());
-    }
-  } else if (accepted) {
+  if (accepted) {
     peer.awaitingData[header.sequence] = op;
     answer.header.kind = kClearToSendFrame;
   }
   queue(peer, std::move(answer));
+}
+
+bool MessageTransport::advanceReads(Peer& peer) {
+  bool finished = false;
+  while (!peer.reads.empty() && peer.failure.empty()) {
+    Peer::Read& read = peer.reads.front();
+    try {
+      if (!peer.reading) {
+        peer.link->startRead(read.header.address, read.header.key, static_cast<char*>(read.op->buf),
+                             read.op->nbytes);
+        peer.reading = true;
+      }
+      if (!peer.link->continueRead()) {
+        return finished;
+      }
+      read.op->complete = true;
+    } catch (const CommError& e) {
+      read.op->fail(e.kind(), e.what());
+    }
+    peer.reading = false;
+    Frame answer;
+    answer.header.sequence = read.header.sequence;
+    answer.header.kind = kDoneFrame;
+    peer.reads.pop_front();
+    queue(peer, std::move(answer));
+    finished = true;
+  }
+  return finished;
 }
 
 void MessageTransport::credit(Peer& peer, size_t nbytes) {
@@ -702,6 +737,14 @@ void MessageTransport::failPending(Peer& peer, CommError::Kind kind, const std::
   peer.unconfirmed.clear();
   failAwaiting(peer.awaitingAnswer, kind, why);
   failAwaiting(peer.awaitingData, kind, why);
+  if (peer.reading && peer.link) {
+    peer.link->abandonRead();
+  }
+  peer.reading = false;
+  for (auto& read : peer.reads) {
+    read.op->fail(kind, why);
+  }
+  peer.reads.clear();
   failQueued(peer.posted, kind, why);
   if (peer.target) {
     peer.target->fail(kind, why);
@@ -896,7 +939,7 @@ bool MessageTransport::hasPending() const {
   for (const Peer* peer : used_) {
     if (peer->failure.empty() &&
         (!peer->sends.empty() || !peer->unconfirmed.empty() || !peer->awaitingAnswer.empty() ||
-         !peer->awaitingData.empty() ||
+         !peer->awaitingData.empty() || !peer->reads.empty() ||
          !peer->posted.empty() || peer->target)) {
       return true;
     }
@@ -910,6 +953,7 @@ bool MessageTransport::tryPeer(int rank) {
     return false;
   }
   bool moved = tryRecv(peer);
+  moved |= advanceReads(peer);
   return trySend(peer) || moved;
 }
 

@@ -188,6 +188,8 @@ class MessageTransport : public PolledTransport {
   // Completes the sends whose bytes the Link has handed on for good; true when one completed.
   bool confirmSends(Peer& peer);
   bool tryRecv(Peer& peer);
+  // Moves the reads of the peer's lent memory on; true when one ended (done, or failed).
+  bool advanceReads(Peer& peer);
   // tryRecv by a thread that is not driving progress (it wakes the one that is).
   void readOutOfTurn(Peer& peer);
   // Queues a frame and pushes it out at once where the Link takes it.

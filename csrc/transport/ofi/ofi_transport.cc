@@ -12,6 +12,7 @@
 #include <cstring>
 #include <deque>
 #include <fstream>
+#include <optional>
 #include <unordered_map>
 
 #include "transport/ofi/fabric.h"
@@ -57,6 +58,8 @@ constexpr size_t kDefaultRmaAbove = 256 * 1024;
 // into the receive's buffer: a read given up on (its peer died, the group aborted, its deadline
 // passed) may still land later, and must never land in a buffer its failed receive gave back.
 constexpr size_t kReadPieceBytes = 4 << 20;
+// A read the provider could not take (-FI_EAGAIN) is tried again this soon while threads sleep.
+constexpr auto kReadRetry = std::chrono::milliseconds(1);
 
 enum PostKind : int { kSlotReceive = 1, kChunkSend, kControlReceive, kControlSend, kHelloReceive, kHelloSend, kRead };
 
@@ -623,9 +626,14 @@ struct OfiTransport::Stream : Link {
     }
   }
 
-  void readPeerMemory(uint64_t address, uint64_t key, char* dst, size_t n) override;
-  // Reads n bytes at `remote` into reader, waiting at most until `deadline`. Throws CommError.
-  void readPiece(uint64_t remote, uint64_t key, size_t n, Deadline deadline);
+  void startRead(uint64_t address, uint64_t key, char* dst, size_t n) override;
+  bool continueRead() override;
+  void abandonRead() override;
+  // One step of the read under way; continueRead's answer. Throws CommError.
+  bool stepRead();
+  // Posts the next piece of the read under way into reader; false when the provider asks to
+  // try again later.
+  bool postPiece();
   // Throws CommError when a read of n bytes can end well no more: the peer's lifeline ended, an
   // operation with it failed, the group is being aborted, or the deadline passed. A read that
   // was `posted` is given up on first (abandoned).
@@ -633,26 +641,74 @@ struct OfiTransport::Stream : Link {
   // Its completion arrived: a read given up on goes, with its memory and registration.
   void finishRead(Read* read, int state, const std::string& why);
 
+  // The read under way (Link::startRead): `piece` bytes of it posted into reader when `posted`.
+  struct Reading {
+    uint64_t remote = 0; // the peer's address of the first byte, as the provider takes it
+    uint64_t key = 0;
+    char* dst = nullptr;
+    size_t n = 0;
+    size_t done = 0;
+    size_t piece = 0;
+    bool posted = false;
+    Deadline deadline;
+  };
+  std::optional<Reading> reading;
   std::unique_ptr<Read> reader; // the memory reads land in, between reads; made at the first
   std::vector<std::unique_ptr<Read>> abandoned; // reads given up on whose completion has not come
 };
 
-void OfiTransport::Stream::readPeerMemory(uint64_t remote, uint64_t key, char* dst, size_t n) {
-  // The read holds the transport's lock (the layer is in the middle of this peer's frame), so it
-  // waits no longer than the group's timeout, and each pass looks at the peer's lifeline and at
-  // abort(), which ends it at once.
-  const Deadline deadline = Clock::now() + transport->timeout_;
-  checkRead(n, deadline, false);
-  const uint64_t base = transport->fabric_.remoteAddress(remote);
-  for (size_t done = 0; done < n;) {
-    const size_t part = std::min(kReadPieceBytes, n - done);
-    readPiece(base + done, key, part, deadline);
-    std::memcpy(dst + done, reader->memory.get(), part);
-    done += part;
+void OfiTransport::Stream::startRead(uint64_t remote, uint64_t key, char* dst, size_t n) {
+  // Never waited for: the message layer moves it on (continueRead) on every pass of its
+  // progress loop, which releases the transport's lock between passes; the read's own deadline
+  // is the group's timeout, and each step looks at the peer's lifeline and at abort().
+  Reading read;
+  read.remote = transport->fabric_.remoteAddress(remote);
+  read.key = key;
+  read.dst = dst;
+  read.n = n;
+  read.deadline = Clock::now() + transport->timeout_;
+  checkRead(n, read.deadline, false);
+  reading = read;
+}
+
+bool OfiTransport::Stream::continueRead() {
+  try {
+    return stepRead();
+  } catch (const CommError&) {
+    reading.reset(); // checkRead abandoned a posted piece already
+    throw;
   }
 }
 
-void OfiTransport::Stream::readPiece(uint64_t remote, uint64_t key, size_t n, Deadline deadline) {
+bool OfiTransport::Stream::stepRead() {
+  Reading& read = *reading;
+  if (read.posted) {
+    if (reader->state == 0) {
+      checkRead(read.n, read.deadline, true);
+      return false;
+    }
+    read.posted = false;
+    if (reader->state < 0) {
+      throw CommError(CommError::Kind::kPeer, "libfabric: reading " + std::to_string(read.piece) + " bytes from " +
+                                                  rankName(peer) + " failed: " + reader->error);
+    }
+    std::memcpy(read.dst + read.done, reader->memory.get(), read.piece);
+    read.done += read.piece;
+  }
+  if (read.done == read.n) {
+    reading.reset();
+    return true;
+  }
+  if (!postPiece()) {
+    // rxm answers -FI_EAGAIN for as long as a killed peer's connection is not torn down.
+    checkRead(read.n, read.deadline, false);
+  }
+  return false;
+}
+
+bool OfiTransport::Stream::postPiece() {
+  Reading& read = *reading;
+  const size_t n = std::min(kReadPieceBytes, read.n - read.done);
   ofi::Fabric& fabric = transport->fabric_;
   if (!reader || reader->capacity < n) {
     if (reader) {
@@ -671,36 +727,29 @@ void OfiTransport::Stream::readPiece(uint64_t remote, uint64_t key, size_t n, De
                                                   ": " + why);
     }
   }
-  Read& read = *reader;
-  read.state = 0;
-  read.error.clear();
-  ssize_t result;
-  while ((result = fi_read(ep(), read.memory.get(), n, read.region.desc, address, remote, key, &read.post)) ==
-         -FI_EAGAIN) {
-    // rxm answers -FI_EAGAIN for as long as a killed peer's connection is not torn down.
-    if (!transport->pump()) {
-      sched_yield();
-    }
-    checkRead(n, deadline, false);
+  reader->state = 0;
+  reader->error.clear();
+  const ssize_t result = fi_read(ep(), reader->memory.get(), n, reader->region.desc, address, read.remote + read.done,
+                                 read.key, &reader->post);
+  if (result == -FI_EAGAIN) {
+    return false;
   }
   if (result != 0) {
     throw CommError(CommError::Kind::kPeer, "libfabric: reading " + std::to_string(n) + " bytes from " +
                                                 rankName(peer) + " failed: " + ofi::errorText(static_cast<int>(-result)));
   }
-  // The peer serves the read when it makes progress, which it does while it waits for this
-  // answer; this rank's other streams move meanwhile.
-  while (read.state == 0) {
-    if (!transport->pump()) {
-      sched_yield();
-    }
-    if (read.state == 0) {
-      checkRead(n, deadline, true);
-    }
+  read.piece = n;
+  read.posted = true;
+  return true;
+}
+
+void OfiTransport::Stream::abandonRead() {
+  if (reading && reading->posted) {
+    // Its completion may still come, and lands in memory of the stream's own.
+    reader->abandoned = true;
+    abandoned.push_back(std::move(reader));
   }
-  if (read.state < 0) {
-    throw CommError(CommError::Kind::kPeer, "libfabric: reading " + std::to_string(n) + " bytes from " +
-                                                rankName(peer) + " failed: " + read.error);
-  }
+  reading.reset();
 }
 
 void OfiTransport::Stream::checkRead(size_t n, Deadline deadline, bool posted) {
@@ -1141,6 +1190,11 @@ bool OfiTransport::sleep(std::unique_lock<std::mutex>& lock, Deadline deadline) 
     Clock::time_point wakeAt = deadline;
     for (const auto& [peer, lookup] : lookups_) {
       wakeAt = std::min(wakeAt, lookup.nextTry);
+    }
+    for (const Stream* stream : made_) {
+      if (stream->reading && !stream->reading->posted) {
+        wakeAt = std::min(wakeAt, Clock::now() + kReadRetry); // the provider asked to try again
+      }
     }
     timeoutMs = millisecondsUntil(wakeAt, kIdleCheckMs);
   } else {

@@ -20,10 +20,11 @@
 // receive's buffer, and answers done, which ends the loan. No copy on the sender's side; the
 // receiver's one copy is what makes a read given up on safe: it may still land later (a peer
 // that serves it late, a provider that finishes it), but never in a buffer its failed receive
-// gave back. Elsewhere it goes as a stream of chunks once the receive is posted. The read is
-// synchronous (the layer's readPeerMemory, with the transport's lock held, as the layer is in
-// the middle of that peer's frame), so it is bounded: by the group's timeout, by the peer's
-// lifeline (looked at on every pass) and by abort(), which ends it before taking the lock.
+// gave back. Elsewhere it goes as a stream of chunks once the receive is posted. Nothing waits
+// for the read with the transport's lock held: the layer starts it (Link::startRead) and moves
+// it on, one piece at a time, on each pass of its progress loop (continueRead), which releases
+// the lock between passes. Each read is bounded by the group's timeout, by the peer's lifeline
+// (looked at on every step) and by abort().
 // Providers that carry RMA over their sockets stream instead by default.
 //
 // Setup: each rank publishes "ofi/<rank>" (its lifeline's address and its endpoint's name). The

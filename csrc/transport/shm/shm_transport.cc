@@ -274,7 +274,8 @@ class ShmTransport::RingLink : public Link {
     return peerReads_ ? kSingleCopyBytes : SIZE_MAX;
   }
 
-  void readPeerMemory(uint64_t address, uint64_t key, char* dst, size_t n) override {
+  // One copy by the kernel, never a wait: done when startRead returns (continueRead: true).
+  void startRead(uint64_t address, uint64_t key, char* dst, size_t n) override {
     guardedCrossCopy(peerControl_, pid_, peerRank_, dst, address, n, true);
   }
 
