@@ -1,6 +1,7 @@
 """mkdocs hook: the benchmark history (BENCHMARKS.md at the repository's root, where each round
-appends its measurements) becomes the site's page history.md. Its links point at files of the
-repository, which the site does not hold; they become the file's path as code."""
+appends its measurements) becomes the site's page history.md. Its links into docs/ become links
+between pages; its links to other files of the repository, which the site does not hold, become
+the file's path as code."""
 
 import pathlib
 import re
@@ -16,6 +17,8 @@ def history_markdown():
         image, text, target = match.groups()
         if target.startswith(("http://", "https://")):
             return match.group(0)
+        if target.startswith("docs/"):
+            return f"{image}[{text}]({target[len('docs/'):]})"
         if image:
             return f"(plot: `{target}`)"
         return text if text.strip("`") == target else f"{text} (`{target}`)"

@@ -56,7 +56,8 @@ def site(tmp_path_factory):
 def test_the_site_builds_strict(site):
     assert (site / "index.html").is_file()
     assert "TORUS_ALLREDUCE" in (site / "algorithms" / "index.html").read_text()
-    assert "Benchmarks" in (site / "history" / "index.html").read_text()
+    history = (site / "history" / "index.html").read_text()
+    assert "Benchmarks: the history" in history and 'href="../benchmarks/"' in history
 
 
 def test_readme_links_reach_pages_and_anchors(site):
@@ -69,6 +70,14 @@ def test_readme_links_reach_pages_and_anchors(site):
         if path.startswith("docs/") and anchor:
             page = site / pathlib.Path(path).relative_to("docs").with_suffix("") / "index.html"
             assert f'id="{anchor}"' in page.read_text(), f"README.md links to {target}: no such anchor"
+
+
+def test_benchmark_results_stay_summaries():
+    files = [path for path in (ROOT / "benchmarks" / "results").rglob("*") if path.is_file()]
+    assert sum(path.stat().st_size for path in files) < 1 << 20, "benchmarks/results/ holds 1 MiB or more"
+    patches = [path for folder in ("benchmarks", "csrc", "docs", "examples", "tests", "torch_torus")
+               for path in (ROOT / folder).rglob("*.patch")]
+    assert not patches, f"{patches}: patch files stop applying as the code moves; describe the change instead"
 
 
 def _ci_test_command():
