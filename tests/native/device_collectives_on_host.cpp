@@ -356,7 +356,7 @@ class DeviceCollectivesOnHost {
 
 void defineDeviceCollectivesOnHost(py::module& module) {
   const size_t chunkBytes = Chunking().chunkBytes;
-  py::class_<DeviceCollectivesOnHost>(module, "_DeviceCollectivesOnHost")
+  py::class_<DeviceCollectivesOnHost>(module, "DeviceCollectivesOnHost")
       .def(py::init<int, int, const std::vector<int>&, CallbackRendezvous::Set, CallbackRendezvous::Get, size_t,
                     const std::string&, double>(),
            py::arg("rank"), py::arg("size"), py::arg("hosts"), py::arg("store_set"), py::arg("store_get"),

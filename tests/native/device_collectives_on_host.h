@@ -1,4 +1,4 @@
-// torch_torus._C._DeviceCollectivesOnHost, for tests/test_device_collectives.py: the collectives
+// torus_testing.DeviceCollectivesOnHost, for tests/test_device_collectives.py: the collectives
 // of collectives/device/ (arena reduce-scatter and allgather, the staged rings, the torus rows and
 // columns) called one by one, on any ranks, blocks and offsets, over a TCP group, through the
 // backend's host device layer (backend/host_device/: HostDevicePath, eager or deferred, with its

@@ -111,7 +111,7 @@ class SubsetComms {
 } // namespace
 
 void defineSubsetComms(py::module& module) {
-  py::class_<SubsetComms>(module, "_SubsetComms")
+  py::class_<SubsetComms>(module, "SubsetComms")
       .def(py::init<int, int, const std::vector<int>&, CallbackRendezvous::Set, CallbackRendezvous::Get>(),
            py::arg("rank"), py::arg("size"), py::arg("hosts"), py::arg("store_set"), py::arg("store_get"))
       .def("shares_memory", &SubsetComms::sharesMemory, py::arg("ranks"))
