@@ -127,7 +127,7 @@ step_build() {
     # torch_torus imports these at run time; the install below is --no-deps (torch is the machine's).
     install_carried psutil tqdm numpy
     # The system compiler: a g++ wrapper whose link bundled a private libstdc++ crashed the
-    # extension on this machine before (README, "CUDA tensors: status"). sm_90 only (an H100):
+    # extension on this machine before (docs/transports.md, "CUDA tensors"). sm_90 only (an H100):
     # half the nvcc time of the default architectures. TORUS_BUILD_CUDA=1: no CPU-only fallback.
     export CC=gcc CXX=g++ MAX_JOBS="${MAX_JOBS:-16}" TORCH_CUDA_ARCH_LIST="${TORCH_CUDA_ARCH_LIST:-9.0}" TORUS_BUILD_CUDA=1
     echo "CC=$CC CXX=$CXX MAX_JOBS=$MAX_JOBS TORCH_CUDA_ARCH_LIST=$TORCH_CUDA_ARCH_LIST TORUS_BUILD_CUDA=1"

@@ -7,8 +7,6 @@
 #include "backend/callback_scope.h"
 #include "backend/process_group_torus.h"
 #include "collectives/blocks.h"
-#include "device_collectives_on_host.h"
-#include "subset_comms.h"
 #include "transport/ofi/ofi_transport.h"
 #include "transport/shared_memory.h"
 #ifdef TORUS_WITH_CUDA
@@ -127,9 +125,6 @@ PYBIND11_MODULE(_C, module) {
            py::call_guard<py::gil_scoped_release>());
   module.def("shut_down_groups", &torus::ProcessGroupTorus::shutDownAll, py::call_guard<py::gil_scoped_release>(),
              "Shuts down every torus group of this process (the atexit hook's work).");
-
-  torus::defineSubsetComms(module);
-  torus::defineDeviceCollectivesOnHost(module);
 
   // torch_torus.callbacks wraps every callback given to then() or add_done_callback(): its place,
   // taken when it is attached, and the scope it opens around the callback.

@@ -128,10 +128,6 @@ def test_the_name_check_sees_a_name_written_anywhere(tmp_path):
     assert string_literals(cpp) & set(algorithms.ALLREDUCE) == {"two_shot"}
 
 
-def test_readme_shows_the_catalog():
-    assert algorithms.markdown_table() in (ROOT / "README.md").read_text()
-
-
 def test_settings_and_selection_take_their_lists_from_the_catalog():
     assert config.ALGORITHMS == algorithms.CHOOSABLE
     assert config.TORUS_INNER_ALGORITHMS == algorithms.TORUS_INNER

@@ -32,7 +32,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 import harness  # noqa: E402
-from benchmarks.cluster import emulate, enter_host  # noqa: E402
+from benchmarks.cluster import emulate, enter_host, launchers, links, namespaces  # noqa: E402
 
 CASE = Path(__file__).resolve().with_name("cluster_case.py")
 RUN_LIMIT = 90  # seconds the emulator gives its hosts; the subprocess gets 30 more
@@ -41,10 +41,10 @@ RUN_LIMIT = 90  # seconds the emulator gives its hosts; the subprocess gets 30 m
 @pytest.fixture(scope="module")
 def cluster_available():
     """Skip unless a 1-host shaped cluster can be brought up and down here."""
-    probe = emulate.Cluster(1, emulate.parse_rate("1gbit"), run_id=os.getpid())
+    probe = namespaces.Cluster(1, links.parse_rate("1gbit"), run_id=os.getpid())
     try:
         probe.up()
-    except emulate.ClusterError as error:
+    except namespaces.ClusterError as error:
         pytest.skip(f"cannot emulate a cluster here: {error}")
     except OSError as error:  # /etc/netns not writable and the like
         pytest.skip(f"cannot emulate a cluster here: {error}")
@@ -74,7 +74,7 @@ def run_cluster(args: list[str], tmp_path: Path, limit: float = RUN_LIMIT) -> tu
             output, _ = proc.communicate()
         output = f"{output}\n[test] the emulator overran {limit + 30:g} s and was stopped"
     finally:
-        left = emulate.cleanup(pid=proc.pid)
+        left = namespaces.cleanup(pid=proc.pid)
     assert not left, f"the emulator left namespaces behind: {left}\n{output}"
     return proc.returncode, output, results
 
@@ -129,7 +129,7 @@ def test_bench_across_hosts_under_srun(cluster_available, tmp_path):
 def test_bench_across_hosts_under_mpiexec(cluster_available, tmp_path):
     if importlib.util.find_spec("mpi4py") is None:
         pytest.skip("mpi4py is not installed (pip install -e '.[mpi]')")
-    if emulate.default_mpiexec() is None:
+    if launchers.default_mpiexec() is None:
         pytest.skip("no mpiexec beside this Python or on PATH (pip install -e '.[mpi]')")
     backends = "torus:transport=tcp;gloo;mpi"
     if harness.without_ofi() is None:
@@ -178,9 +178,9 @@ def test_teardown_on_sigterm(cluster_available, tmp_path):
         start_new_session=True)
     try:
         deadline = time.monotonic() + 30
-        while len(emulate.leftovers(pid=proc.pid)) < 3 and time.monotonic() < deadline:
+        while len(namespaces.leftovers(pid=proc.pid)) < 3 and time.monotonic() < deadline:
             time.sleep(0.1)
-        assert len(emulate.leftovers(pid=proc.pid)) == 3  # the bridge's and 2 hosts'
+        assert len(namespaces.leftovers(pid=proc.pid)) == 3  # the bridge's and 2 hosts'
         time.sleep(0.5)  # the hosts' commands are starting
         proc.send_signal(signal.SIGTERM)
         output, _ = proc.communicate(timeout=30)
@@ -188,25 +188,25 @@ def test_teardown_on_sigterm(cluster_available, tmp_path):
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
             proc.wait()
-        left = emulate.cleanup(pid=proc.pid)
+        left = namespaces.cleanup(pid=proc.pid)
     assert not left, f"left behind after SIGTERM: {left}\n{output}"
     assert proc.returncode == 128 + signal.SIGTERM, output
     assert "interrupted by SIGTERM; taking the cluster down" in output, output
 
 
 def test_without_root_the_emulator_says_so(monkeypatch):
-    monkeypatch.setattr(emulate.os, "geteuid", lambda: 1000)
-    with pytest.raises(emulate.ClusterError, match="needs root"):
-        emulate.require_root_tools()
+    monkeypatch.setattr(namespaces.os, "geteuid", lambda: 1000)
+    with pytest.raises(namespaces.ClusterError, match="needs root"):
+        namespaces.require_root_tools()
     assert emulate.main(["--hosts", "2", "--", "true"]) == 2
 
 
 @pytest.mark.parametrize("text, bits", [("1gbit", 1e9), ("500mbit", 5e8), ("125mbps", 1e9),
                                          ("none", None)])
 def test_link_rates(text, bits):
-    assert emulate.parse_rate(text) == bits
+    assert links.parse_rate(text) == bits
 
 
 def test_tasks_per_node_as_slurm_writes_it():
-    assert emulate.tasks_per_node([4, 4, 4]) == "4(x3)"
-    assert emulate.tasks_per_node([2, 2, 1]) == "2(x2),1"
+    assert launchers.tasks_per_node([4, 4, 4]) == "4(x3)"
+    assert launchers.tasks_per_node([2, 2, 1]) == "2(x2),1"

@@ -1,18 +1,8 @@
 """Settings: one source of truth, errors that name the variable and value."""
 
-import os
-import re
-
 import pytest
 
 from torch_torus import config, units
-
-
-def test_readme_settings_table_matches_config():
-    readme = open(os.path.join(os.path.dirname(__file__), "..", "README.md")).read()
-    block = re.search(r"<!-- settings-table.*?-->\n(.*?)<!-- end settings-table -->", readme, re.S)
-    assert block, "README.md lacks the settings-table markers"
-    assert block.group(1).strip() == config.markdown_table().strip()
 
 
 def test_defaults_resolve():

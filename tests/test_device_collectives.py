@@ -1,5 +1,5 @@
 """The CUDA path's collectives (csrc/collectives/device/) on this CPU: their logic runs unchanged
-against a host DevicePath and host DeviceArenas (torch_torus._C._DeviceCollectivesOnHost: copies
+against a host DevicePath and host DeviceArenas (tests/native/, built by tests/torus_testing.py: copies
 by memcpy, reductions by the CPU reducer, staging in host memory, each rank's arena a POSIX
 shared-memory segment mapped by the ranks its `hosts` list puts on its host, over a TCP group).
 
@@ -27,6 +27,7 @@ import torch
 import torch.distributed as dist
 
 import harness
+import torus_testing
 from reference import check_reduction, compare, gen, gen_all
 
 BACKEND = "torus+tcp"
@@ -48,12 +49,17 @@ def _run(size, fn, *args, timeout=CASE_TIMEOUT):
     return results[:size]
 
 
-def _make(ctx, size, key, hosts, arena_bytes=1 << 20, mode="eager"):
-    import torch_torus
+@pytest.fixture(scope="module", autouse=True)
+def testing_module():
+    """The test-only module, built here before any rank needs it."""
+    return torus_testing.module()
 
+
+def _make(ctx, size, key, hosts, arena_bytes=1 << 20, mode="eager"):
     store = dist.PrefixStore(f"device-on-host-{key}", dist.distributed_c10d._get_default_store())
-    return torch_torus._C._DeviceCollectivesOnHost(ctx.rank, size, hosts, store.set, store.get,
-                                                   arena_bytes=arena_bytes, mode=mode, timeout_s=CALL_TIMEOUT_S)
+    return torus_testing.module().DeviceCollectivesOnHost(ctx.rank, size, hosts, store.set, store.get,
+                                                          arena_bytes=arena_bytes, mode=mode,
+                                                          timeout_s=CALL_TIMEOUT_S)
 
 
 def _digest(t):
@@ -98,10 +104,8 @@ def test_host_path_reduce_with_the_destination_among_its_sources():
     """One process: dst = srcs[0] (op) srcs[1] ... where dst is no source, the first, a later one
     or several; a partial overlap is refused. Also a group of one rank, whose collectives return
     the input."""
-    import torch_torus
-
     store = dist.HashStore()
-    dc = torch_torus._C._DeviceCollectivesOnHost(0, 1, [0], store.set, store.get, arena_bytes=4096)
+    dc = torus_testing.module().DeviceCollectivesOnHost(0, 1, [0], store.set, store.get, arena_bytes=4096)
     problems = []
     for dtype, op in (("float32", "SUM"), ("float64", "PRODUCT"), ("int32", "MAX"), ("bool", "SUM"),
                       ("bool", "PRODUCT"), ("bfloat16", "SUM")):

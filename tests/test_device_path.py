@@ -4,9 +4,10 @@ ProcessGroupTorus -> DeviceSupport -> TorusWork's device branch -> the device co
 (collectives/device/) -> wait() / get_future() / then() / is_completed() runs here exactly as it
 runs for CUDA tensors on a GPU; only the CUDA calls themselves need one.
 
-The cases are tests/test_cuda.py's own (every collective, sizes across arena halves, transposed
-views, DDP, the timeout that names the absent rank), run on CPU tensors. Routes, as hosts are
-faked with TORUS_HOST_ID (the group's host identity, which the arenas honour):
+The cases are tests/cuda_cases.py's, which test_cuda.py runs on a GPU (every collective, sizes
+across arena halves, transposed views, DDP, the timeout that names the absent rank), run on CPU
+tensors. Routes, as hosts are faked with TORUS_HOST_ID (the group's host identity, which the
+arenas honour):
   arenas  every rank on one host: the device collectives go through arenas in POSIX shared memory;
   staged  every rank its own host: staged through host memory over the transport;
   mixed   two hosts of two ranks: a torus grid's rows through arenas, its columns staged.
@@ -31,7 +32,7 @@ import torch
 import torch.distributed as dist
 
 import harness
-import test_cuda
+import cuda_cases
 from reference import DTYPE_NAMES, allreduce_contract, compare
 
 BACKEND = "torus"
@@ -42,7 +43,7 @@ FLAT_ROUTE_SIZES = [rs for rs in ROUTE_SIZES if rs[0] != "mixed"]
 
 
 def _on_route(ctx, case, *args):
-    """test_cuda's `case` on this rank's host device layer."""
+    """A case of cuda_cases on this rank's host device layer."""
     ctx.state["host device"] = True
     return case(ctx, *args)
 
@@ -81,21 +82,21 @@ ALLREDUCE_CASES = ([("float32", op) for op in ("SUM", "AVG", "PREMUL_SUM", "PROD
 def test_allreduce(route, world_size, dtype, op):
     """all_reduce (sync) at 0 to 1M elements against the one-process reference."""
     assert dtype in DTYPE_NAMES and allreduce_contract(op, dtype) == "ok"
-    _check(route, world_size, test_cuda._case_cuda_allreduce, dtype, op)
+    _check(route, world_size, cuda_cases._case_cuda_allreduce, dtype, op)
 
 
-@pytest.mark.parametrize("name", list(test_cuda.CUDA_COLLECTIVES))
+@pytest.mark.parametrize("name", list(cuda_cases.CUDA_COLLECTIVES))
 @pytest.mark.parametrize("route,world_size", FLAT_ROUTE_SIZES, ids=_ids(FLAT_ROUTE_SIZES))
 def test_collective(route, world_size, name):
     """Every other collective, send/recv and barrier, on the device path's staging."""
-    _check(route, world_size, test_cuda._case_cuda_collective, name, "float32")
+    _check(route, world_size, cuda_cases._case_cuda_collective, name, "float32")
 
 
 @pytest.mark.parametrize("collective", ["all_reduce", "broadcast"])
 @pytest.mark.parametrize("route,world_size", FLAT_ROUTE_SIZES, ids=_ids(FLAT_ROUTE_SIZES))
 def test_sizes_and_transposed(route, world_size, collective):
     """16 MiB (across the arenas' halves and the staging chunks) and a transposed view."""
-    _check(route, world_size, test_cuda._case_cuda_sizes_and_transposed, collective, timeout=180)
+    _check(route, world_size, cuda_cases._case_cuda_sizes_and_transposed, collective, timeout=180)
 
 
 # ------------------------------------------------------------------------------ works and futures
@@ -180,27 +181,27 @@ def test_works_and_futures(route, world_size, collective):
 
 @pytest.mark.parametrize("route,world_size", ROUTE_SIZES, ids=_ids(ROUTE_SIZES))
 def test_ddp(route, world_size):
-    """DDP trains to the one-process reference, replicas bitwise alike (test_cuda's case)."""
-    _check(route, world_size, test_cuda._case_ddp_on_cuda, timeout=180)
+    """DDP trains to the one-process reference, replicas bitwise alike (the case test_cuda runs on a GPU)."""
+    _check(route, world_size, cuda_cases._case_ddp_on_cuda, timeout=180)
 
 
 @pytest.mark.parametrize("form", ["future_wait", "sync", "two_levels", "interleaved"])
 @pytest.mark.parametrize("route,world_size", FLAT_ROUTE_SIZES, ids=_ids(FLAT_ROUTE_SIZES))
 def test_collective_from_callback(route, world_size, form):
-    """A collective issued from a then() callback runs on the worker inside its callback (test_cuda's case)."""
-    _check(route, world_size, test_cuda._case_callbacks_on_cuda, form)
+    """A collective issued from a then() callback runs on the worker inside its callback (the case test_cuda runs on a GPU)."""
+    _check(route, world_size, cuda_cases._case_callbacks_on_cuda, form)
 
 
 @pytest.mark.parametrize("route,world_size", FLAT_ROUTE_SIZES, ids=_ids(FLAT_ROUTE_SIZES))
 def test_powersgd(route, world_size):
-    """DDP with PowerSGD, many buckets, against gloo one bucket at a time (test_cuda's case)."""
-    _check(route, world_size, test_cuda._case_powersgd_on_cuda, timeout=180)
+    """DDP with PowerSGD, many buckets, against gloo one bucket at a time (the case test_cuda runs on a GPU)."""
+    _check(route, world_size, cuda_cases._case_powersgd_on_cuda, timeout=180)
 
 
 @pytest.mark.parametrize("route", ["arenas", "staged"])
 def test_timeout_names_absent_rank(route):
     opts = _route_options(route, 2)
-    results = harness.run_job(BACKEND, 2, _on_route, test_cuda._case_cuda_timeout, options=opts, timeout=90)
+    results = harness.run_job(BACKEND, 2, _on_route, cuda_cases._case_cuda_timeout, options=opts, timeout=90)
     harness.conclude(harness.problems(results), None, f"host device {route} timeout")
 
 

@@ -2,8 +2,8 @@
 from where ranks live, the shm-only allreduces refusing what they cannot do, and mismatched calls
 named on both sides (a killed peer, in each shm allreduce too: test_faults.py). Shared memory as
 a Comm's capability: the shm algorithms on Comms over some ranks of a group (the ranks of one
-host over shm+tcp, Comms of one host interleaved in any order; torch_torus._C._SubsetComms), and
-the torus's row phases on shared memory, against references.
+host over shm+tcp, Comms of one host interleaved in any order; torus_testing's SubsetComms, built
+by tests/torus_testing.py), and the torus's row phases on shared memory, against references.
 
 (Every collective also runs over shm and tcp alike: conftest's backend parameter.)"""
 
@@ -17,6 +17,7 @@ import torch
 import torch.distributed as dist
 
 import harness
+import torus_testing
 from reference import first_line, gen
 
 SHM = "torus+shm"
@@ -124,13 +125,17 @@ def test_mismatched_sizes_name_both_sides(algorithm):
 # ------------------------------------------------------------------------------ subset Comms
 
 
+@pytest.fixture(scope="module")
+def testing_module():
+    """The test-only module, built here before any rank needs it (tests/torus_testing.py)."""
+    return torus_testing.module()
+
+
 def _subset_comms(ctx, hosts):
     """A shm+tcp group of its own over the pool's ranks (hosts[r]: rank r's host)."""
-    import torch_torus
-
     ctx.state["subset_groups"] = ctx.state.get("subset_groups", 0) + 1
     store = dist.PrefixStore(f"subset-comms-{ctx.state['subset_groups']}", dist.distributed_c10d._get_default_store())
-    return torch_torus._C._SubsetComms(ctx.rank, ctx.world_size, hosts, store.set, store.get)
+    return torus_testing.module().SubsetComms(ctx.rank, ctx.world_size, hosts, store.set, store.get)
 
 
 def _blocks(count, n):
@@ -183,6 +188,7 @@ def _case_one_host_inside_a_group(ctx):
     return problems
 
 
+@pytest.mark.usefixtures("testing_module")
 def test_shm_algorithms_on_the_ranks_of_one_host_over_shm_and_tcp():
     harness.check("torus+tcp", 4, _case_one_host_inside_a_group, timeout=120)
 
@@ -203,6 +209,7 @@ def _case_interleaved_subsets(ctx, steps, seed):
     return problems
 
 
+@pytest.mark.usefixtures("testing_module")
 def test_shm_algorithms_on_interleaved_comms_of_one_host():
     harness.check("torus+tcp", 4, _case_interleaved_subsets, 60, 14, timeout=180)
 
@@ -219,6 +226,7 @@ def _case_subset_mismatch(ctx):
     return ["mismatched sizes on a subset Comm were not detected"]
 
 
+@pytest.mark.usefixtures("testing_module")
 def test_mismatch_on_a_subset_comm_is_named():
     harness.check("torus+tcp", 4, _case_subset_mismatch)
 

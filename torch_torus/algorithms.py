@@ -68,7 +68,7 @@ SHM_SLOT_BYTES: int = _C.SHM_SLOT_BYTES
 
 
 def markdown_table() -> str:
-    """The catalog as README.md shows it (a test checks that the two agree)."""
+    """The catalog as docs/algorithms.md shows it (tests/test_docs.py checks that the two agree)."""
     lines = ["| collective | algorithm | needs (else runs instead) | torus column | auto |", "|---|---|---|---|---|"]
     for a in CATALOG:
         needs = ", ".join(f"{r.need.replace('_', ' ')} (else {r.instead})" for r in a.needs) or "-"

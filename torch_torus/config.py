@@ -3,7 +3,7 @@
 Settings are read when a process group is created. A value passed in code
 (``torch_torus.Options(chunk_bytes=...)`` as ``pg_options``) wins over the environment. A bad
 value fails group creation with an error naming the variable, the value and what is allowed.
-The README's settings table is generated from this module (``markdown_table()``)
+The docs' settings table (docs/algorithms.md) is generated from this module (``markdown_table()``)
 and a test checks that the two agree.
 
 Values are ASCII where they are numbers or names (digits from other scripts are refused, not
@@ -494,7 +494,7 @@ def shown(value: Any) -> str:
 
 
 def markdown_table() -> str:
-    """The README's settings table."""
+    """The settings table of docs/algorithms.md (docs/generate_tables.py writes it there)."""
     rows = ["| Variable | Options keyword | Default | Same on every rank | Meaning |", "|---|---|---|---|---|"]
     for s in SETTINGS:
         default = f"`{s.default}`" if s.default else "(empty)"

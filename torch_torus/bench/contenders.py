@@ -206,7 +206,7 @@ def init_env_under_mpiexec(contenders: list[Contender]):
         raise SystemExit(
             f"the {MPI_CONTENDER!r} contender calls MPI through mpi4py, so the job must be "
             f"started by mpiexec (MPICH or Open MPI), not torchrun, e.g.\n  {MPI_LAUNCH_EXAMPLE}\n"
-            "(see README.md, 'MPI as a contender')")
+            "(see docs/benchmarks.md, 'MPI as a contender')")
     return launch
 
 
