@@ -9,6 +9,7 @@
 #include "collectives/blocks.h"
 #include "device_collectives_on_host.h"
 #include "subset_comms.h"
+#include "transport/hmac.h"
 #include "transport/ofi/ofi_transport.h"
 #include "transport/shared_memory.h"
 #ifdef TORUS_WITH_CUDA
@@ -127,6 +128,14 @@ PYBIND11_MODULE(_C, module) {
            py::call_guard<py::gil_scoped_release>());
   module.def("shut_down_groups", &torus::ProcessGroupTorus::shutDownAll, py::call_guard<py::gil_scoped_release>(),
              "Shuts down every torus group of this process (the atexit hook's work).");
+
+  module.def(
+      "_hmac_sha256",
+      [](const py::bytes& key, const py::bytes& message) {
+        const torus::Digest digest = torus::hmacSha256(key, message);
+        return py::bytes(reinterpret_cast<const char*>(digest.data()), digest.size());
+      },
+      py::arg("key"), py::arg("message"), "HMAC-SHA256 as the transports' hellos prove with it (for its tests).");
 
   torus::defineSubsetComms(module);
   torus::defineDeviceCollectivesOnHost(module);

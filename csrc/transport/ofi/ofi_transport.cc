@@ -14,6 +14,7 @@
 #include <fstream>
 #include <unordered_map>
 
+#include "transport/group_secret.h"
 #include "transport/ofi/fabric.h"
 #include "transport/ofi/lifelines.h"
 
@@ -61,12 +62,17 @@ constexpr size_t kReadPieceBytes = 4 << 20;
 enum PostKind : int { kSlotReceive = 1, kChunkSend, kControlReceive, kControlSend, kHelloReceive, kHelloSend, kRead };
 
 constexpr uint32_t kHelloMagic = 0x6f666921; // "ofi!"
+// What a hello's proof is over (group_secret.h), with the endpoint name it carries: a hello cannot
+// point a rank at an endpoint of someone else's choosing.
+const char* const kHelloPurpose = "torus fabric hello";
 struct HelloMessage {
   uint32_t magic = kHelloMagic;
   int32_t rank = 0;
   int32_t size = 0;
   uint32_t nameBytes = 0;
   char name[240] = {};
+  Nonce nonce = {};
+  Digest proof = {}; // prove(kHelloPurpose, rank, the rank told, nonce, the name)
 };
 
 std::string toHex(const std::string& bytes) {
@@ -163,6 +169,7 @@ class OfiTransport : public MessageTransport {
 
   ofi::Fabric fabric_;
   ofi::Lifelines lifelines_;
+  Gatekeeper gate_;
   const size_t rmaAbove_;
   const std::chrono::milliseconds timeout_;
   std::shared_ptr<Rendezvous> rendezvous_; // set while peers' addresses are looked up lazily
@@ -746,7 +753,8 @@ void OfiTransport::Stream::finishRead(Read* read, int state, const std::string& 
 OfiTransport::OfiTransport(int rank, int size, std::shared_ptr<Rendezvous> rendezvous, const OfiOptions& options)
     : MessageTransport(rank, size, options.messages),
       fabric_(options.provider, options.address),
-      lifelines_(options.address, rank, size),
+      lifelines_(options.address, rank, size, options.secret, options.timeout),
+      gate_(options.secret, rank, "fabric hello"),
       rmaAbove_(options.rmaAbove ? *options.rmaAbove
                                  : fabric_.rmaOverSockets() ? SIZE_MAX : kDefaultRmaAbove),
       timeout_(options.timeout),
@@ -864,6 +872,8 @@ void OfiTransport::makeStream(int peer, const std::string& name, const std::stri
     const std::string& name = fabric_.name();
     hello.nameBytes = static_cast<uint32_t>(std::min(name.size(), sizeof(hello.name)));
     std::memcpy(hello.name, name.data(), hello.nameBytes);
+    hello.nonce = freshNonce();
+    hello.proof = prove(gate_.secret(), kHelloPurpose, rank(), peer, hello.nonce, std::string(hello.name, hello.nameBytes));
     stream->helloToSend = true;
     lifelines_.dial(peer, lifeline);
   }
@@ -881,6 +891,14 @@ void OfiTransport::onHello(const HelloMessage& hello) {
   const int peer = hello.rank;
   if (hello.magic != kHelloMagic || hello.size != size() || peer < 0 || peer >= size() || peer == rank() ||
       hello.nameBytes > sizeof(hello.name)) {
+    gate_.turnAway("a fabric endpoint", "its hello is none of this group's: magic " + std::to_string(hello.magic) +
+                                            ", rank " + std::to_string(peer) + ", size " + std::to_string(hello.size));
+    return;
+  }
+  const std::string name(hello.name, hello.nameBytes);
+  if (!gate_.admits(kHelloPurpose, peer, hello.nonce, hello.proof, name)) {
+    gate_.turnAway("the fabric endpoint " + toHex(name), "its hello as " + rankName(peer) +
+                                                             " has a wrong proof, or was replayed");
     return;
   }
   if (streams_[peer]) {
@@ -890,7 +908,7 @@ void OfiTransport::onHello(const HelloMessage& hello) {
   // A peer that says hello after the group failed gets a stream all the same: it carries why.
   lookups_.erase(peer);
   try {
-    makeStream(peer, std::string(hello.name, hello.nameBytes), "", false);
+    makeStream(peer, name, "", false);
     if (streams_[peer]) {
       heardFrom(*streams_[peer]);
     }
