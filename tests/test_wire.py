@@ -37,7 +37,7 @@ PROMPT_SECONDS = 20.0
 
 EAGER, READY_TO_SEND, CLEAR_TO_SEND, DATA, DONE, CREDIT, PROBE, GOODBYE, FAULT = range(1, 10)
 HELLO_MAGIC, ACCEPTED, REFUSED = 0x746F7275, 0x6F6B6179, 0x6E6F7065
-LIFELINE_MAGIC = 0x6C696665
+LIFELINE_MAGIC, FAREWELL_MAGIC, GOODBYE_KIND = 0x6C696665, 0x62796521, 1
 # A group whose connections must come within this (a silent connector is closed after it).
 SHORT_TIMEOUT = datetime.timedelta(seconds=8)
 
@@ -471,6 +471,22 @@ def test_a_forged_ring_head_fails_only_its_writer():
     harness.check("torus+shm", 2, _case_ring_head, timeout=90)
 
 
+def _second_lifeline(group, adversary, victim):
+    """A lifeline of the adversary's own to the victim, made with a valid hello (the adversary is
+    a rank of the group: it knows the secret), and the victim's answer to it."""
+    store = _group_store(group)
+    secret = bytes(store.get("auth/secret"))
+    host, port = bytes(store.get(f"ofi/{victim}")).decode().split(" ")[0].rsplit(":", 1)
+    where = (host.strip("[]"), int(port))
+    valid, forged = _forged_hellos(secret, adversary, victim, LIFELINE_MAGIC, b"torus lifeline hello")
+    line = socket.create_connection(where, timeout=30)
+    line.sendall(valid)
+    got = _answer(line, 32)
+    problems = [] if got == _proof(secret, b"torus lifeline accept", victim, adversary, valid[12:28]) else [
+        f"a valid lifeline hello was answered {got!r}, not with the victim's proof"]
+    return line, where, forged, problems
+
+
 def _case_lifeline_hellos(ctx):
     """Over OFI, the lifelines: a valid hello is answered with the victim's proof over its nonce;
     the same hello again and every forged one are closed unanswered, as is a connection that never
@@ -480,19 +496,9 @@ def _case_lifeline_hellos(ctx):
     dist.all_reduce(torch.ones(4), group=group)  # the streams and lifelines are made
     problems, held = [], None
     if ctx.rank == adversary:
-        store = _group_store(group)
-        secret = bytes(store.get("auth/secret"))
-        host, port = bytes(store.get(f"ofi/{victim}")).decode().split(" ")[0].rsplit(":", 1)
-        where = (host.strip("[]"), int(port))
         dist.barrier()
-        valid, forged = _forged_hellos(secret, adversary, victim, LIFELINE_MAGIC, b"torus lifeline hello")
-        # A second lifeline of rank 1's, held open until the group is gone: the victim takes a
-        # lifeline's close for its peer's death.
-        held = socket.create_connection(where, timeout=30)
-        held.sendall(valid)
-        got = _answer(held, 32)
-        if got != _proof(secret, b"torus lifeline accept", victim, adversary, valid[12:28]):
-            problems.append(f"a valid lifeline hello was answered {got!r}, not with the victim's proof")
+        # Held open until the group is gone: the victim takes a lifeline's close for its peer's death.
+        held, where, forged, problems = _second_lifeline(group, adversary, victim)
         for what, hello in forged:
             got = _knock(where, hello, 1)
             if got is not None:
@@ -517,3 +523,44 @@ def _case_lifeline_hellos(ctx):
 @pytest.mark.skipif(bool(harness.without_ofi()), reason=str(harness.without_ofi()))
 def test_forged_lifeline_hellos_never_become_a_rank():
     harness.check("torus+ofi", 2, _case_lifeline_hellos, env={"TORUS_OFI_PROVIDER": "tcp"}, timeout=90)
+
+
+# A farewell's counts that cannot be: (stream bytes, read bytes), and what the victim's error says.
+FAREWELL_LIES = {
+    "read_more_than_sent": (1 << 41, 1 << 40, ["read count says it read 1099511627776 bytes"]),
+    "wrote_less_than_read": (0, 0, ["stream count says it wrote 0 bytes"]),
+}
+
+
+def _case_forged_farewell(ctx, lie):
+    """Over OFI, a goodbye on a lifeline whose counts cannot be: the victim fails the adversary,
+    naming it and the count, and writes nothing into its receive."""
+    adversary, victim = 1, 0
+    group = ctx.new_group([0, 1], timeout=SHORT_TIMEOUT)
+    dist.all_reduce(torch.ones(RECV_FLOATS), group=group)  # the streams carried bytes each way
+    stream_bytes, read_bytes, expected = FAREWELL_LIES[lie]
+    problems, held = [], None
+    if ctx.rank == adversary:
+        held, _, _, problems = _second_lifeline(group, adversary, victim)
+        dist.barrier()  # the victim has posted its receive
+        held.sendall(struct.pack("<IIQQII", FAREWELL_MAGIC, GOODBYE_KIND, stream_bytes, read_bytes, 0, 0))
+        dist.barrier()
+    else:
+        buffer = torch.full((RECV_FLOATS,), SENTINEL)
+        work = dist.irecv(buffer, src=adversary, tag=TAG, group=group)
+        dist.barrier()
+        problems += _receive_fails(work, expected, adversary)
+        if not buffer.eq(SENTINEL).all():
+            problems.append("the failed receive's buffer was written")
+        problems += _collective_fails(group, adversary)
+        dist.barrier()
+    dist.destroy_process_group(group)
+    if held is not None:
+        held.close()
+    return problems + _default_group_right(ctx)
+
+
+@pytest.mark.skipif(bool(harness.without_ofi()), reason=str(harness.without_ofi()))
+@pytest.mark.parametrize("lie", list(FAREWELL_LIES))
+def test_a_forged_farewell_fails_only_its_sender(lie):
+    harness.check("torus+ofi", 2, _case_forged_farewell, lie, env={"TORUS_OFI_PROVIDER": "tcp"}, timeout=90)

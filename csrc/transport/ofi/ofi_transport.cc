@@ -242,6 +242,7 @@ struct OfiTransport::Stream : Link {
   std::deque<int> inFlight;
   bool sendDone[kSlots] = {};
   uint64_t handedOn = 0; // bytes of the chunks whose sends completed, in order
+  uint64_t postedBytes = 0; // the stream's offset after the last chunk posted: what the peer may read
 
   ofi::Posted controlReceivePost;
   bool controlReceivePosted = false;
@@ -257,6 +258,8 @@ struct OfiTransport::Stream : Link {
   uint64_t readBytes = 0;
   std::string farewell; // the transport's own last bytes (fault or goodbye frames), not yet taken
   std::string error; // a failed operation with this peer
+  bool lied = false; // error: the peer sent what the protocol never sends
+  bool farewellChecked = false;
   Clock::time_point errorSeen{};
   Clock::time_point endSeen{}; // when the peer's farewell was seen with bytes still to come
   std::unordered_map<uint64_t, ofi::Region> loans; // lent memory, by key
@@ -301,6 +304,32 @@ struct OfiTransport::Stream : Link {
   // return to the shm provider, and no peer that ended reads any more).
   bool gone() const {
     return transport->lifelines_.ended(peer);
+  }
+
+  // The peer sent `what`, which the protocol never sends (a corrupt or forged word): nothing
+  // more is posted to it, and its Link fails at once, naming it and the field.
+  void brokeProtocol(const std::string& what) {
+    if (!lied) {
+      lied = true;
+      error = rankName(peer) + " broke the OFI transport's protocol: it sent " + what +
+              "; this rank reads nothing more from it";
+    }
+  }
+
+  // The peer's farewell, once it came: the counts it gives must fit what this rank sent and read.
+  void checkFarewell() {
+    const auto& farewell = transport->lifelines_.farewell(peer);
+    if (!farewell || farewellChecked) {
+      return;
+    }
+    farewellChecked = true;
+    if (farewell->readBytes > postedBytes) {
+      brokeProtocol("a farewell whose read count says it read " + std::to_string(farewell->readBytes) +
+                    " bytes of this rank's stream, where " + std::to_string(postedBytes) + " were sent");
+    } else if (farewell->streamBytes < readBytes) {
+      brokeProtocol("a farewell whose stream count says it wrote " + std::to_string(farewell->streamBytes) +
+                    " bytes, where this rank read " + std::to_string(readBytes));
+    }
   }
 
   void broke(const std::string& what, ssize_t result) {
@@ -360,6 +389,7 @@ struct OfiTransport::Stream : Link {
       }
       sealed.pop_front();
       --credits;
+      postedBytes = chunkEnd[i];
       chunks[i] = Chunk::kPosted;
       inFlight.push_back(i);
       sent = true;
@@ -374,7 +404,7 @@ struct OfiTransport::Stream : Link {
   }
 
   bool postControlReceive() {
-    if (controlReceivePosted) {
+    if (controlReceivePosted || lied) {
       return true;
     }
     controlReceivePosted = taken(fi_trecv(ep(), &creditWords()[0], sizeof(uint64_t), desc, FI_ADDR_UNSPEC,
@@ -481,6 +511,9 @@ struct OfiTransport::Stream : Link {
   // before its lifeline may have told why. For up to kFarewellGrace, 0 (wait); then the error.
   // Once the lifeline ended, what atEnd says.
   ssize_t broken() {
+    if (lied) {
+      throw CommError(CommError::Kind::kPeer, error);
+    }
     if (transport->lifelines_.ended(peer)) {
       return atEnd();
     }
@@ -533,7 +566,7 @@ struct OfiTransport::Stream : Link {
 
   uint64_t sentBytes() const override {
     const auto& farewell = transport->lifelines_.farewell(peer);
-    return farewell ? std::max(handedOn, farewell->readBytes) : handedOn;
+    return farewell && farewellChecked && !lied ? std::max(handedOn, farewell->readBytes) : handedOn;
   }
 
   void flush() override {
@@ -544,6 +577,9 @@ struct OfiTransport::Stream : Link {
   }
 
   ssize_t read(char* dst, size_t n) override {
+    if (lied) {
+      throw CommError(CommError::Kind::kPeer, error);
+    }
     // What arrived before an error (the peer's last chunks, a fault frame) is read first.
     size_t got = 0;
     while (got < n && filled[head]) {
@@ -1001,13 +1037,24 @@ void OfiTransport::completed(ofi::Posted* posted, size_t bytes) {
     case kChunkSend:
       stream->sent(posted->index);
       break;
-    case kControlReceive:
+    case kControlReceive: {
       heardFrom(*stream);
-      stream->credits += static_cast<int>(stream->creditWords()[0]);
+      // Credits come back only for slots this rank's chunks used.
+      const uint64_t returned = stream->creditWords()[0];
+      const int outstanding = kSlots - stream->credits;
       stream->controlReceivePosted = false;
+      if (bytes != sizeof(uint64_t) || returned > static_cast<uint64_t>(outstanding)) {
+        stream->brokeProtocol(bytes != sizeof(uint64_t)
+                                  ? "a credit message of " + std::to_string(bytes) + " bytes"
+                                  : "a credit of " + std::to_string(returned) + " slots, where " +
+                                        std::to_string(outstanding) + " were outstanding");
+        break;
+      }
+      stream->credits += static_cast<int>(returned);
       stream->postControlReceive();
       stream->postChunks();
       break;
+    }
     case kControlSend:
       stream->controlSendBusy = false;
       break;
@@ -1062,6 +1109,9 @@ bool OfiTransport::checkLifelines(bool now) {
   }
   nextLifelineCheck_ = Clock::now() + kLifelineCheck;
   const bool ended = lifelines_.check();
+  for (Stream* stream : made_) {
+    stream->checkFarewell();
+  }
   if (ended || deadSegments_) {
     clearDeadSegments();
   }
