@@ -71,6 +71,9 @@ ATTACKS = {
     "eager_past_limit": (lambda: _frame(EAGER, nbytes=1 << 40), False, ["eager frame of 1099511627776 bytes",
                                                                           "eager limit"]),
     "eager_past_window": (_eager_window_frames, False, ["past the eager window"]),
+    "ready_to_send_past_limit": (
+        lambda: b"".join(_frame(READY_TO_SEND, tag=WIRE_TAG + 1, nbytes=4096, sequence=k) for k in range(1, 65538)),
+        False, ["with 65536 of its sends already waiting for receives"]),
     "unknown_kind": (lambda: _frame(77), False, ["unknown kind 77"]),
     "huge_credit": (lambda: _frame(CREDIT, sequence=1 << 62), False, ["a credit of 4611686018427387904 eager bytes"]),
     "clear_to_send_unknown": (lambda: _frame(CLEAR_TO_SEND, sequence=99), False,
