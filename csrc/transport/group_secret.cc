@@ -76,6 +76,15 @@ void Gatekeeper::turnAway(const std::string& from, const std::string& why) {
   std::fflush(stderr);
 }
 
+std::string foreignHello(uint32_t magic, int rank, int size) {
+  return "its hello is none of this group's: magic " + std::to_string(magic) + ", rank " + std::to_string(rank) +
+         ", size " + std::to_string(size);
+}
+
+std::string unprovenHello(int rank) {
+  return "its hello as " + rankName(rank) + " has a wrong proof, or was replayed";
+}
+
 std::string peerAddress(int fd) {
   sockaddr_storage address{};
   socklen_t length = sizeof(address);

@@ -61,6 +61,11 @@ class Gatekeeper {
   int turnedAway_ = 0;
 };
 
+// Why a hello was turned away: it is no hello of this group's (its magic, rank or size)...
+std::string foreignHello(uint32_t magic, int rank, int size);
+// ... or its proof is wrong, or it was replayed.
+std::string unprovenHello(int rank);
+
 // "host:port" of a connected socket's peer, or "an unknown address".
 std::string peerAddress(int fd);
 

@@ -56,7 +56,11 @@ void keepAlive(int fd) {
 
 Lifelines::Lifelines(const std::string& address, int rank, int size, const std::string& secret,
                      std::chrono::milliseconds helloWait)
-    : rank_(rank), size_(size), helloWait_(helloWait), gate_(secret, rank, "lifeline connection"), peers_(static_cast<size_t>(size)) {
+    : rank_(rank),
+      size_(size),
+      helloWait_(helloWait),
+      gate_(secret, rank, "lifeline connection"),
+      peers_(static_cast<size_t>(size)) {
   listenFd_ = listenOn(address, size, &where_);
 }
 
@@ -136,12 +140,11 @@ bool Lifelines::readLine(Line& line, int* peer, std::string* unproven) {
       std::memcpy(&hello, line.inbound.data(), sizeof(hello));
       if (hello.magic != kHelloMagic || hello.size != size_ || hello.rank < 0 || hello.rank >= size_ ||
           hello.rank == rank_) {
-        *unproven = "its hello is none of this group's: magic " + std::to_string(hello.magic) + ", rank " +
-                    std::to_string(hello.rank) + ", size " + std::to_string(hello.size);
+        *unproven = foreignHello(hello.magic, hello.rank, hello.size);
         return false;
       }
       if (!gate_.admits(kHelloPurpose, hello.rank, hello.nonce, hello.proof)) {
-        *unproven = "its hello as " + rankName(hello.rank) + " has a wrong proof, or was replayed";
+        *unproven = unprovenHello(hello.rank);
         return false;
       }
       const Digest accepted = prove(gate_.secret(), kAcceptPurpose, rank_, hello.rank, hello.nonce);
@@ -228,7 +231,8 @@ bool Lifelines::check() {
         socklen_t length = sizeof(error);
         ::getsockopt(line.fd, SOL_SOCKET, SO_ERROR, &error, &length);
         line.nonce = freshNonce();
-        Hello hello{kHelloMagic, rank_, size_, line.nonce, prove(gate_.secret(), kHelloPurpose, rank_, peer, line.nonce)};
+        Hello hello{kHelloMagic, rank_, size_, line.nonce,
+                    prove(gate_.secret(), kHelloPurpose, rank_, peer, line.nonce)};
         if (error != 0 || ::send(line.fd, &hello, sizeof(hello), MSG_NOSIGNAL | MSG_DONTWAIT) != sizeof(hello)) {
           end(peer, rankName(peer) + " refuses its lifeline (" + std::strerror(error ? error : errno) +
                         "): it exited, was killed or left the group");
@@ -244,10 +248,11 @@ bool Lifelines::check() {
       if (!readLine(line, &self, &unproven)) {
         if (!unproven.empty()) {
           gate_.turnAway(line.where, unproven);
-          end(peer, "the process at " + rankName(peer) + "'s lifeline address " + line.where +
-                        " did not prove it belongs to the group");
         }
-        end(peer, rankName(peer) + " closed its lifeline (the process exited, was killed or aborted its group)");
+        end(peer, unproven.empty() ? rankName(peer) +
+                                         " closed its lifeline (the process exited, was killed or aborted its group)"
+                                   : "the process at " + rankName(peer) + "'s lifeline address " + line.where +
+                                         " did not prove it belongs to the group");
         endedNow = true;
         break;
       }

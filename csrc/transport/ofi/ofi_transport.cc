@@ -909,7 +909,8 @@ void OfiTransport::makeStream(int peer, const std::string& name, const std::stri
     hello.nameBytes = static_cast<uint32_t>(std::min(name.size(), sizeof(hello.name)));
     std::memcpy(hello.name, name.data(), hello.nameBytes);
     hello.nonce = freshNonce();
-    hello.proof = prove(gate_.secret(), kHelloPurpose, rank(), peer, hello.nonce, std::string(hello.name, hello.nameBytes));
+    hello.proof =
+        prove(gate_.secret(), kHelloPurpose, rank(), peer, hello.nonce, std::string(hello.name, hello.nameBytes));
     stream->helloToSend = true;
     lifelines_.dial(peer, lifeline);
   }
@@ -927,14 +928,12 @@ void OfiTransport::onHello(const HelloMessage& hello) {
   const int peer = hello.rank;
   if (hello.magic != kHelloMagic || hello.size != size() || peer < 0 || peer >= size() || peer == rank() ||
       hello.nameBytes > sizeof(hello.name)) {
-    gate_.turnAway("a fabric endpoint", "its hello is none of this group's: magic " + std::to_string(hello.magic) +
-                                            ", rank " + std::to_string(peer) + ", size " + std::to_string(hello.size));
+    gate_.turnAway("a fabric endpoint", foreignHello(hello.magic, peer, hello.size));
     return;
   }
   const std::string name(hello.name, hello.nameBytes);
   if (!gate_.admits(kHelloPurpose, peer, hello.nonce, hello.proof, name)) {
-    gate_.turnAway("the fabric endpoint " + toHex(name), "its hello as " + rankName(peer) +
-                                                             " has a wrong proof, or was replayed");
+    gate_.turnAway("the fabric endpoint " + toHex(name), unprovenHello(peer));
     return;
   }
   if (streams_[peer]) {

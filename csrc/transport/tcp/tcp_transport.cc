@@ -342,13 +342,11 @@ bool TcpTransport::answerHello(Incoming& incoming) {
   std::memcpy(&hello, incoming.hello, sizeof(hello));
   const int peer = hello.rank;
   if (hello.magic != kHelloMagic || hello.size != size() || peer < 0 || peer >= size() || peer == rank()) {
-    gate_.turnAway(peerAddress(incoming.fd), "its hello is none of this group's: magic " +
-                                                 std::to_string(hello.magic) + ", rank " + std::to_string(peer) +
-                                                 ", size " + std::to_string(hello.size));
+    gate_.turnAway(peerAddress(incoming.fd), foreignHello(hello.magic, peer, hello.size));
     return false;
   }
   if (!gate_.admits(kHelloPurpose, peer, hello.nonce, hello.proof)) {
-    gate_.turnAway(peerAddress(incoming.fd), "its hello as " + rankName(peer) + " has a wrong proof, or was replayed");
+    gate_.turnAway(peerAddress(incoming.fd), unprovenHello(peer));
     return false;
   }
   const std::string& gaveUp = groupFailure();
@@ -452,7 +450,8 @@ bool TcpTransport::advanceDial(int peer, Dial& dial) {
       return false;
     }
     dial.nonce = freshNonce();
-    Hello hello{kHelloMagic, rank(), size(), dial.nonce, prove(gate_.secret(), kHelloPurpose, rank(), peer, dial.nonce)};
+    Hello hello{kHelloMagic, rank(), size(), dial.nonce,
+                prove(gate_.secret(), kHelloPurpose, rank(), peer, dial.nonce)};
     if (::send(dial.fd, &hello, sizeof(hello), MSG_NOSIGNAL | MSG_DONTWAIT) != sizeof(hello)) {
       peerVanished(peer, systemError(cannot + " at " + where + ": sending its hello", errno));
       return false;
