@@ -18,7 +18,6 @@ import argparse
 import datetime
 import json
 import os
-import socket
 import statistics
 import subprocess
 import sys
@@ -56,19 +55,9 @@ def _worker(rank: int, size: int, port: int, cycles: int, calls: int, results) -
 
 def one_build(size: int, cycles: int, calls: int) -> dict[str, float]:
     """One run of the build on PYTHONPATH: the medians over the cycles of the slowest rank."""
-    import torch.multiprocessing as mp
+    from creation_cycles import gather_ranks
 
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]
-    context = mp.get_context("spawn")
-    results = context.Queue()
-    workers = [context.Process(target=_worker, args=(r, size, port, cycles, calls, results)) for r in range(size)]
-    for worker in workers:
-        worker.start()
-    by_rank = [results.get(timeout=600) for _ in workers]
-    for worker in workers:
-        worker.join()
+    by_rank = gather_ranks(_worker, size, cycles, calls)
     return {field: statistics.median(max(rows[c][i] for _, rows in by_rank) for c in range(cycles))
             for i, field in enumerate(FIELDS)}
 
