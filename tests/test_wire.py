@@ -567,3 +567,48 @@ def _case_forged_farewell(ctx, lie):
 @pytest.mark.parametrize("lie", list(FAREWELL_LIES))
 def test_a_forged_farewell_fails_only_its_sender(lie):
     harness.check("torus+ofi", 2, _case_forged_farewell, lie, env={"TORUS_OFI_PROVIDER": "tcp"}, timeout=90)
+
+
+def _case_impostor(ctx):
+    """A process that took over a peer's published address (the store, which is trusted, points
+    the dialing rank there) answers the hello with an acceptance it cannot prove: the dialing rank
+    fails that peer, saying so, rather than take the impostor's socket for it."""
+    import threading
+
+    impostor_of, dialer = 0, 1
+    group = ctx.new_group([0, 1], timeout=SHORT_TIMEOUT)
+    problems = []
+    if ctx.rank == impostor_of:
+        listener = socket.create_server(("127.0.0.1", 0))
+        listener.settimeout(30)
+
+        def accept_unproven():
+            try:
+                sock, _ = listener.accept()
+            except TimeoutError:
+                return
+            with sock:
+                sock.settimeout(30)
+                if _answer(sock, 60) is not None:
+                    sock.sendall(struct.pack("<II32s", ACCEPTED, 0, bytes(32)))
+                    _answer(sock, 1)  # until the dialer closes it
+
+        thread = threading.Thread(target=accept_unproven, daemon=True)
+        thread.start()
+        _group_store(group).set(f"tcp/{impostor_of}", f"127.0.0.1:{listener.getsockname()[1]}")
+        dist.barrier()
+        dist.barrier()
+        thread.join(timeout=30)
+        listener.close()
+    else:
+        dist.barrier()  # the address is the impostor's
+        problems += _fails("a send to the impersonated rank",
+                           lambda: dist.send(torch.ones(4), impostor_of, tag=TAG, group=group),
+                           ["did not prove it belongs to the group"], impostor_of)
+        dist.barrier()
+    dist.destroy_process_group(group)
+    return problems + _default_group_right(ctx)
+
+
+def test_an_impostor_at_a_peers_address_is_not_taken_for_it():
+    harness.check(BACKEND, 2, _case_impostor, timeout=90)
