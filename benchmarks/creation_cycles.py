@@ -41,19 +41,26 @@ def _worker(rank: int, size: int, port: int, transport: str, cycles: int, result
     dist.destroy_process_group()
 
 
-def run(transport: str, size: int, cycles: int) -> tuple[float, float]:
-    """(median of the slowest rank's new_group, median of its release), seconds."""
+def gather_ranks(worker, size: int, *args) -> list:
+    """Runs worker(rank, size, port, *args, results) in `size` spawned processes, `port` a free
+    one for their TCPStore; what each put on `results`."""
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
         port = probe.getsockname()[1]
     context = mp.get_context("spawn")
     results = context.Queue()
-    workers = [context.Process(target=_worker, args=(r, size, port, transport, cycles, results)) for r in range(size)]
-    for worker in workers:
-        worker.start()
+    workers = [context.Process(target=worker, args=(r, size, port, *args, results)) for r in range(size)]
+    for process in workers:
+        process.start()
     by_rank = [results.get(timeout=600) for _ in workers]
-    for worker in workers:
-        worker.join()
+    for process in workers:
+        process.join()
+    return by_rank
+
+
+def run(transport: str, size: int, cycles: int) -> tuple[float, float]:
+    """(median of the slowest rank's new_group, median of its release), seconds."""
+    by_rank = gather_ranks(_worker, size, transport, cycles)
     per_cycle = [[rows[c] for _, rows in by_rank] for c in range(cycles)]
     return (statistics.median(max(r[0] for r in cycle) for cycle in per_cycle),
             statistics.median(max(r[1] for r in cycle) for cycle in per_cycle))

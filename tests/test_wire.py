@@ -12,6 +12,8 @@ other groups of the same processes still compute right."""
 from __future__ import annotations
 
 import datetime
+import hashlib
+import hmac
 import os
 import socket
 import struct
@@ -35,6 +37,9 @@ PROMPT_SECONDS = 20.0
 
 EAGER, READY_TO_SEND, CLEAR_TO_SEND, DATA, DONE, CREDIT, PROBE, GOODBYE, FAULT = range(1, 10)
 HELLO_MAGIC, ACCEPTED, REFUSED = 0x746F7275, 0x6F6B6179, 0x6E6F7065
+LIFELINE_MAGIC, FAREWELL_MAGIC, GOODBYE_KIND = 0x6C696665, 0x62796521, 1
+# A group whose connections must come within this (a silent connector is closed after it).
+SHORT_TIMEOUT = datetime.timedelta(seconds=8)
 
 
 def _frame(kind, tag=WIRE_TAG, nbytes=0, sequence=0, payload=b""):
@@ -66,6 +71,9 @@ ATTACKS = {
     "eager_past_limit": (lambda: _frame(EAGER, nbytes=1 << 40), False, ["eager frame of 1099511627776 bytes",
                                                                           "eager limit"]),
     "eager_past_window": (_eager_window_frames, False, ["past the eager window"]),
+    "ready_to_send_past_limit": (
+        lambda: b"".join(_frame(READY_TO_SEND, tag=WIRE_TAG + 1, nbytes=4096, sequence=k) for k in range(1, 65538)),
+        False, ["with 65536 of its sends already waiting for receives"]),
     "unknown_kind": (lambda: _frame(77), False, ["unknown kind 77"]),
     "huge_credit": (lambda: _frame(CREDIT, sequence=1 << 62), False, ["a credit of 4611686018427387904 eager bytes"]),
     "clear_to_send_unknown": (lambda: _frame(CLEAR_TO_SEND, sequence=99), False,
@@ -125,13 +133,13 @@ def _read_published(ctx, name):
         return eval(f.read())  # noqa: S307 - written by _publish in this test
 
 
-def _attacked_group(ctx, victim):
-    """A new group over every rank, connected (one allreduce), with the victim's listening
-    address and connected local addresses published as '<name>-listen' and '<name>-local'; the
-    TCP sockets this process made for it."""
+def _attacked_group(ctx, victim, **options):
+    """A new group over every rank (with `options` for new_group), connected (one allreduce),
+    with the victim's listening address and connected local addresses published as
+    '<name>-listen' and '<name>-local'; the TCP sockets this process made for it."""
     dist.all_reduce(torch.ones(4))  # the default group connects before the count
     before = _inet_sockets()
-    group = ctx.new_group(list(range(ctx.world_size)))
+    group = ctx.new_group(list(range(ctx.world_size)), **options)
     t = torch.ones(4)
     dist.all_reduce(t, group=group)
     assert t.eq(ctx.world_size).all(), t
@@ -232,48 +240,136 @@ def test_a_forged_frame_fails_only_its_sender(attack):
     harness.check(BACKEND, 2, _case_attack, attack, timeout=90)
 
 
-def _hello(sock, rank, size, magic=HELLO_MAGIC):
-    """Sends a TCP transport hello; the victim's verdict code, or None when it closed unanswered."""
-    sock.sendall(struct.pack("<Iii", magic, rank, size))
+def _group_store(group):
+    """The store the group's torus backend keeps its keys under (torus/<epoch>/, below the
+    prefixes torch gives the group and its device): every rank of the group can read it, and in
+    it the group's secret (docs/security.md)."""
+    c10d = dist.distributed_c10d
+    store = dist.PrefixStore(f"{c10d._get_process_group_name(group)}/", c10d._get_default_store())
+    for device in ("cpu", "cuda"):
+        backend_store = dist.PrefixStore(f"{device}/", store)
+        if backend_store.check(["torus/epoch"]):
+            return dist.PrefixStore(f"torus/{bytes(backend_store.get('torus/epoch')).decode()}", backend_store)
+    raise AssertionError("the group's torus keys are not in the store")
+
+
+def _proof(secret, purpose, sender, receiver, nonce, carried=b""):
+    """What a hello of `purpose` from `sender` to `receiver` proves the group's secret with
+    (csrc/transport/group_secret.cc)."""
+    message = purpose + b"\0" + struct.pack("<ii", sender, receiver) + nonce + carried
+    return hmac.new(secret, message, hashlib.sha256).digest()
+
+
+def _hello(secret, rank, size, to, magic=HELLO_MAGIC, purpose=b"torus tcp hello", proof=None, nonce=None):
+    """A hello as the TCP transport (or, with their magic and purpose, the lifelines) write it:
+    magic, rank, size, a nonce and its proof."""
+    nonce = nonce or os.urandom(16)
+    proof = _proof(secret, purpose, rank, to, nonce) if proof is None else proof
+    return struct.pack("<Iii16s32s", magic, rank, size, nonce, proof)
+
+
+def _answer(sock, nbytes):
+    """The first `nbytes` the victim answers on `sock`, or None when it closed unanswered."""
     answer = b""
-    while len(answer) < 8:
-        got = sock.recv(8 - len(answer))
+    while len(answer) < nbytes:
+        got = sock.recv(nbytes - len(answer))
         if not got:
             return None
         answer += got
-    return struct.unpack("<II", answer)[0]
+    return answer
+
+
+def _knock(where, hello, nbytes):
+    """Connects to `where`, says `hello`, returns the first `nbytes` of the answer (None: closed
+    unanswered)."""
+    with socket.create_connection(where, timeout=30) as sock:
+        sock.sendall(hello)
+        return _answer(sock, nbytes)
+
+
+def _silence_closed(where):
+    """Problems unless a connection to `where` that never says hello is closed by the victim (the
+    group's timeout for connections is SHORT_TIMEOUT)."""
+    with socket.create_connection(where, timeout=30) as sock:
+        try:
+            got = sock.recv(1)
+        except TimeoutError:
+            return ["a connection that never said hello was still open after 30 s"]
+    return [] if got == b"" else [f"a connection that never said hello was answered {got!r}"]
+
+
+def _stderr_size():
+    return os.fstat(2).st_size
+
+
+def _turned_away_since(offset, expected, kind):
+    """Problems unless this process's stderr (the harness's log file), from `offset` on, warns of
+    `expected` connections of `kind` turned away, each naming the address it came from."""
+    with open("/proc/self/fd/2", "rb") as f:
+        f.seek(offset)
+        lines = [line for line in f.read().decode(errors="replace").splitlines()
+                 if f"warning: turned away a {kind} from 127.0.0.1:" in line]
+    if len(lines) == expected and lines[-1].endswith(f"{expected} turned away so far"):
+        return []
+    return [f"{len(lines)} warnings of a {kind} turned away, expected {expected}: {lines}"]
+
+
+def _forged_hellos(secret, adversary, victim, magic, purpose):
+    """(what, hello) pairs that must all be turned away unanswered: forged, unproven or replayed
+    hellos, the replayed one after a valid hello of the same bytes."""
+    def hello(**kw):
+        return _hello(secret, kw.pop("rank", adversary), kw.pop("size", 2), victim, magic, purpose, **kw)
+
+    nonce = os.urandom(16)
+    return hello(nonce=nonce), [
+        ("the same hello again (replayed)", hello(nonce=nonce)),
+        ("a hello as the victim itself", hello(rank=victim)),
+        ("a hello as rank 5 of 2", hello(rank=5)),
+        ("a hello as rank -1", hello(rank=-1)),
+        ("a hello of another group's size", hello(size=3)),
+        ("a hello without a proof", hello(proof=bytes(32))),
+        ("a hello proven with another secret", _hello(os.urandom(32), adversary, 2, victim, magic, purpose)),
+        ("a hello proven for another receiver", _hello(secret, adversary, 2, 2, magic, purpose)),
+        ("a hello proven for another transport", hello(proof=_proof(secret, b"torus fabric hello", adversary, victim,
+                                                                   nonce))),
+        ("bytes that are no hello", os.urandom(60)),
+    ]
 
 
 def _case_hellos(ctx):
     adversary, victim = 1, 0
-    group, made, run = _attacked_group(ctx, victim)
+    group, made, run = _attacked_group(ctx, victim, timeout=SHORT_TIMEOUT)
     problems = []
     data = torch.arange(RECV_FLOATS, dtype=torch.float32)
     if ctx.rank == adversary:
-        listen = _read_published(ctx, f"{run}-listen")
+        listen = _read_published(ctx, f"{run}-listen")[0]
+        secret = bytes(_group_store(group).get("auth/secret"))
         dist.barrier()
-        # A second connection as rank 1 (a replayed hello), one as the victim itself, one as a
-        # rank past the group, one of another group's size, one that is not a hello.
-        for rank, size, magic, want in [(adversary, 2, HELLO_MAGIC, REFUSED), (victim, 2, HELLO_MAGIC, None),
-                                        (5, 2, HELLO_MAGIC, None), (-1, 2, HELLO_MAGIC, None),
-                                        (adversary, 3, HELLO_MAGIC, None), (adversary, 2, 0x12345678, None)]:
-            with socket.create_connection(listen[0], timeout=30) as sock:
-                got = _hello(sock, rank, size, magic)
-            if got != want:
-                problems.append(f"a hello as rank {rank} of {size} (magic {magic:#x}) was answered {got!r}, "
-                                f"expected {want!r}")
+        # A valid hello as rank 1, which is connected already: refused (its proof is right).
+        valid, forged = _forged_hellos(secret, adversary, victim, HELLO_MAGIC, b"torus tcp hello")
+        got = _knock(listen, valid, 40)
+        if got is None or struct.unpack("<I", got[:4])[0] != REFUSED:
+            problems.append(f"a second valid hello as rank 1 was answered {got!r}, not refused")
+        for what, hello in forged:
+            got = _knock(listen, hello, 40)
+            if got is not None:
+                problems.append(f"{what} was answered {got!r}: it must be closed unanswered")
+        problems += _silence_closed(listen)
         dist.send(data, victim, tag=TAG, group=group)
         dist.barrier()
     else:
         buffer = torch.full((2 * RECV_FLOATS,), SENTINEL)
         work = dist.irecv(buffer[:RECV_FLOATS], src=adversary, tag=TAG, group=group)
+        logged = _stderr_size()
         dist.barrier()
         try:
-            work.wait(timeout=datetime.timedelta(seconds=PROMPT_SECONDS))
+            work.wait(timeout=datetime.timedelta(seconds=60))
         except Exception as e:  # noqa: BLE001 - any error is a problem here
             problems.append(f"the receive failed after forged hellos: {first_line(e)}")
         if not buffer[:RECV_FLOATS].equal(data) or not buffer[RECV_FLOATS:].eq(SENTINEL).all():
             problems.append("the receive after forged hellos got the wrong data")
+        # Every forged hello, and the silent connection.
+        problems += _turned_away_since(logged, 11, "TCP connection")
         dist.barrier()
     t = torch.full((1000,), float(ctx.rank + 1))
     dist.all_reduce(t, group=group)
@@ -376,3 +472,143 @@ def _case_ring_head(ctx):
 
 def test_a_forged_ring_head_fails_only_its_writer():
     harness.check("torus+shm", 2, _case_ring_head, timeout=90)
+
+
+def _second_lifeline(group, adversary, victim):
+    """A lifeline of the adversary's own to the victim, made with a valid hello (the adversary is
+    a rank of the group: it knows the secret), and the victim's answer to it."""
+    store = _group_store(group)
+    secret = bytes(store.get("auth/secret"))
+    host, port = bytes(store.get(f"ofi/{victim}")).decode().split(" ")[0].rsplit(":", 1)
+    where = (host.strip("[]"), int(port))
+    valid, forged = _forged_hellos(secret, adversary, victim, LIFELINE_MAGIC, b"torus lifeline hello")
+    line = socket.create_connection(where, timeout=30)
+    line.sendall(valid)
+    got = _answer(line, 32)
+    problems = [] if got == _proof(secret, b"torus lifeline accept", victim, adversary, valid[12:28]) else [
+        f"a valid lifeline hello was answered {got!r}, not with the victim's proof"]
+    return line, where, forged, problems
+
+
+def _case_lifeline_hellos(ctx):
+    """Over OFI, the lifelines: a valid hello is answered with the victim's proof over its nonce;
+    the same hello again and every forged one are closed unanswered, as is a connection that never
+    says hello; each is reported; the group still computes right."""
+    adversary, victim = 1, 0
+    group = ctx.new_group([0, 1], timeout=SHORT_TIMEOUT)
+    dist.all_reduce(torch.ones(4), group=group)  # the streams and lifelines are made
+    problems, held = [], None
+    if ctx.rank == adversary:
+        dist.barrier()
+        # Held open until the group is gone: the victim takes a lifeline's close for its peer's death.
+        held, where, forged, problems = _second_lifeline(group, adversary, victim)
+        for what, hello in forged:
+            got = _knock(where, hello, 1)
+            if got is not None:
+                problems.append(f"{what} on a lifeline was answered {got!r}: it must be closed unanswered")
+        problems += _silence_closed(where)
+        dist.barrier()
+    else:
+        logged = _stderr_size()
+        dist.barrier()
+        dist.barrier()
+        problems += _turned_away_since(logged, 11, "lifeline connection")
+    t = torch.full((1000,), float(ctx.rank + 1))
+    dist.all_reduce(t, group=group)
+    if not t.eq(3.0).all():
+        problems.append(f"the attacked group's allreduce gave {t[:4].tolist()} after forged lifeline hellos")
+    dist.destroy_process_group(group)
+    if held is not None:
+        held.close()
+    return problems + _default_group_right(ctx)
+
+
+@pytest.mark.skipif(bool(harness.without_ofi()), reason=str(harness.without_ofi()))
+def test_forged_lifeline_hellos_never_become_a_rank():
+    harness.check("torus+ofi", 2, _case_lifeline_hellos, env={"TORUS_OFI_PROVIDER": "tcp"}, timeout=90)
+
+
+# A farewell's counts that cannot be: (stream bytes, read bytes), and what the victim's error says.
+FAREWELL_LIES = {
+    "read_more_than_sent": (1 << 41, 1 << 40, ["read count says it read 1099511627776 bytes"]),
+    "wrote_less_than_read": (0, 0, ["stream count says it wrote 0 bytes"]),
+}
+
+
+def _case_forged_farewell(ctx, lie):
+    """Over OFI, a goodbye on a lifeline whose counts cannot be: the victim fails the adversary,
+    naming it and the count, and writes nothing into its receive."""
+    adversary, victim = 1, 0
+    group = ctx.new_group([0, 1], timeout=SHORT_TIMEOUT)
+    dist.all_reduce(torch.ones(RECV_FLOATS), group=group)  # the streams carried bytes each way
+    stream_bytes, read_bytes, expected = FAREWELL_LIES[lie]
+    problems, held = [], None
+    if ctx.rank == adversary:
+        held, _, _, problems = _second_lifeline(group, adversary, victim)
+        dist.barrier()  # the victim has posted its receive
+        held.sendall(struct.pack("<IIQQII", FAREWELL_MAGIC, GOODBYE_KIND, stream_bytes, read_bytes, 0, 0))
+        dist.barrier()
+    else:
+        buffer = torch.full((RECV_FLOATS,), SENTINEL)
+        work = dist.irecv(buffer, src=adversary, tag=TAG, group=group)
+        dist.barrier()
+        problems += _receive_fails(work, expected, adversary)
+        if not buffer.eq(SENTINEL).all():
+            problems.append("the failed receive's buffer was written")
+        problems += _collective_fails(group, adversary)
+        dist.barrier()
+    dist.destroy_process_group(group)
+    if held is not None:
+        held.close()
+    return problems + _default_group_right(ctx)
+
+
+@pytest.mark.skipif(bool(harness.without_ofi()), reason=str(harness.without_ofi()))
+@pytest.mark.parametrize("lie", list(FAREWELL_LIES))
+def test_a_forged_farewell_fails_only_its_sender(lie):
+    harness.check("torus+ofi", 2, _case_forged_farewell, lie, env={"TORUS_OFI_PROVIDER": "tcp"}, timeout=90)
+
+
+def _case_impostor(ctx):
+    """A process that took over a peer's published address (the store, which is trusted, points
+    the dialing rank there) answers the hello with an acceptance it cannot prove: the dialing rank
+    fails that peer, saying so, rather than take the impostor's socket for it."""
+    import threading
+
+    impostor_of, dialer = 0, 1
+    group = ctx.new_group([0, 1], timeout=SHORT_TIMEOUT)
+    problems = []
+    if ctx.rank == impostor_of:
+        listener = socket.create_server(("127.0.0.1", 0))
+        listener.settimeout(30)
+
+        def accept_unproven():
+            try:
+                sock, _ = listener.accept()
+            except TimeoutError:
+                return
+            with sock:
+                sock.settimeout(30)
+                if _answer(sock, 60) is not None:
+                    sock.sendall(struct.pack("<II32s", ACCEPTED, 0, bytes(32)))
+                    _answer(sock, 1)  # until the dialer closes it
+
+        thread = threading.Thread(target=accept_unproven, daemon=True)
+        thread.start()
+        _group_store(group).set(f"tcp/{impostor_of}", f"127.0.0.1:{listener.getsockname()[1]}")
+        dist.barrier()
+        dist.barrier()
+        thread.join(timeout=30)
+        listener.close()
+    else:
+        dist.barrier()  # the address is the impostor's
+        problems += _fails("a send to the impersonated rank",
+                           lambda: dist.send(torch.ones(4), impostor_of, tag=TAG, group=group),
+                           ["did not prove it belongs to the group"], impostor_of)
+        dist.barrier()
+    dist.destroy_process_group(group)
+    return problems + _default_group_right(ctx)
+
+
+def test_an_impostor_at_a_peers_address_is_not_taken_for_it():
+    harness.check(BACKEND, 2, _case_impostor, timeout=90)

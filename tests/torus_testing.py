@@ -1,7 +1,7 @@
 """The test-only entry points in tests/native/, built as a module of their own: SubsetComms
 (shared-memory collectives on Comms over some ranks of a group, for test_shm.py) and
 DeviceCollectivesOnHost (the device collectives on the host device layer, for
-test_device_collectives.py). They are not part of the package: `module()` compiles them the first
+test_device_collectives.py) and hmac_sha256 (the hellos' proofs, for test_auth.py). They are not part of the package: `module()` compiles them the first
 time a test needs them (a minute or two; later sessions reuse the build while the sources are
 unchanged), into build/testing-<python>/, linked against the torch_torus._C being tested so that
 they call its code rather than a copy of it.

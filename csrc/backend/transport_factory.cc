@@ -3,6 +3,7 @@
 #include <torch/csrc/distributed/c10d/exception.h>
 
 #include "backend/tensor_checks.h"
+#include "transport/group_secret.h"
 #include "transport/hybrid_transport.h"
 #include "transport/ofi/ofi_transport.h"
 #include "transport/tcp/tcp_transport.h"
@@ -62,6 +63,12 @@ GroupTransport buildTransport(const c10::intrusive_ptr<c10d::Store>& store, int 
     tcp.address = config.address;
     tcp.timeout = timeout;
     tcp.messages = messages;
+    // Every connection between the ranks proves it knows the group's secret: one key in the
+    // store, set by rank 0 and read (one blocking get) by each other rank. Shared memory makes
+    // no connection: its segments are the ranks' own.
+    if (config.transport != "shm" && size > 1) {
+      tcp.secret = shareGroupSecret(*rendezvous, rank);
+    }
     if (config.transport == "shm") {
       auto shm = std::make_shared<ShmTransport>(rank, size, *rendezvous, std::vector<int>{}, messages);
       group.description = std::string("shared memory (") +
@@ -87,6 +94,7 @@ GroupTransport buildTransport(const c10::intrusive_ptr<c10d::Store>& store, int 
           ofi.rmaAbove = static_cast<size_t>(config.ofiRmaBytes);
         }
         ofi.messages = messages;
+        ofi.secret = tcp.secret;
         try {
           network = makeOfiTransport(rank, size, rendezvous, ofi, &networkDescription);
           if (config.transport == "shm+ofi") {

@@ -26,6 +26,10 @@ size_t payloadBytes(const WireHeader& header) {
 // How long a peer that vanished without a word waits for another peer's reason (peerVanished):
 // enough for a peer on a busy host to read a fault frame, give up and say so.
 constexpr auto kReasonGrace = std::chrono::milliseconds(200);
+// Ready-to-sends a rank holds for one peer, for receives it has not posted: a header each (about
+// 100 bytes), so a peer cannot make a rank hold without end; a program that runs this many sends
+// ahead of its receives to one peer is told so, naming the peer.
+constexpr size_t kMaxHeldAnnouncements = size_t{1} << 16;
 
 } // namespace
 
@@ -100,6 +104,8 @@ struct MessageTransport::Peer {
   bool reading = false;
   // The sequence of the last ready-to-send the peer announced: each is the one after.
   uint64_t announced = 0;
+  // Ready-to-sends held in `arrived`: at most kMaxHeldAnnouncements.
+  size_t heldAnnouncements = 0;
   // Eager payload received and not yet credited back (held, being read, or owed): the peer sent
   // it within its window, so it is at most eagerWindowBytes.
   size_t eagerUncredited = 0;
@@ -324,6 +330,7 @@ bool MessageTransport::takeHeld(Peer& peer, const std::shared_ptr<Op>& op) {
   op->peerRank = peer.rank;
   const bool accepted = op->accepts(peer.rank, held->header.call, held->header.nbytes);
   if (held->header.kind == kReadyToSendFrame) {
+    --peer.heldAnnouncements;
     answerReadyToSend(peer, op, held->header, accepted);
     return true;
   }
@@ -575,6 +582,14 @@ bool MessageTransport::onHeader(Peer& peer) {
       peer.announced = header.sequence;
       auto op = matchPosted(peer, header.tag);
       if (!op) {
+        if (peer.heldAnnouncements == kMaxHeldAnnouncements) {
+          return brokeProtocol(peer, "a ready-to-send (#" + std::to_string(header.sequence) + ", tag " +
+                                         std::to_string(header.tag) + ") with " +
+                                         std::to_string(kMaxHeldAnnouncements) +
+                                         " of its sends already waiting for receives this rank has not posted, the "
+                                         "most a rank holds for one peer");
+        }
+        ++peer.heldAnnouncements;
         peer.arrived[header.tag].push_back(Held{header, {}});
         return false;
       }

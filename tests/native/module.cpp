@@ -5,8 +5,16 @@
 
 #include "device_collectives_on_host.h"
 #include "subset_comms.h"
+#include "transport/hmac.h"
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, module) {
   torus::defineSubsetComms(module);
   torus::defineDeviceCollectivesOnHost(module);
+  module.def(
+      "hmac_sha256",
+      [](const py::bytes& key, const py::bytes& message) {
+        const torus::Digest digest = torus::hmacSha256(key, message);
+        return py::bytes(reinterpret_cast<const char*>(digest.data()), digest.size());
+      },
+      py::arg("key"), py::arg("message"), "HMAC-SHA256 as the transports' hellos prove with it (test_auth.py).");
 }

@@ -21,11 +21,16 @@ namespace {
 constexpr uint32_t kHelloMagic = 0x6c696665; // "life"
 constexpr uint32_t kFarewellMagic = 0x62796521; // "bye!"
 constexpr size_t kWhyBytes = 1024;
+// What the proofs of a hello and of its acceptance are over (group_secret.h).
+const char* const kHelloPurpose = "torus lifeline hello";
+const char* const kAcceptPurpose = "torus lifeline accept";
 
 struct Hello {
   uint32_t magic;
   int32_t rank;
   int32_t size;
+  Nonce nonce;
+  Digest proof; // prove(kHelloPurpose, rank, the rank dialed, nonce)
 };
 struct FarewellHeader {
   uint32_t magic;
@@ -49,8 +54,13 @@ void keepAlive(int fd) {
 
 } // namespace
 
-Lifelines::Lifelines(const std::string& address, int rank, int size)
-    : rank_(rank), size_(size), peers_(static_cast<size_t>(size)) {
+Lifelines::Lifelines(const std::string& address, int rank, int size, const std::string& secret,
+                     std::chrono::milliseconds helloWait)
+    : rank_(rank),
+      size_(size),
+      helloWait_(helloWait),
+      gate_(secret, rank, "lifeline connection"),
+      peers_(static_cast<size_t>(size)) {
   listenFd_ = listenOn(address, size, &where_);
 }
 
@@ -85,6 +95,7 @@ void Lifelines::dial(int peer, const std::string& where) {
     return;
   }
   line.connecting = true;
+  line.where = where;
   p.lines.push_back(line);
 }
 
@@ -96,7 +107,7 @@ void Lifelines::end(int peer, const std::string& why) {
   }
 }
 
-bool Lifelines::readLine(Line& line, int* peer) {
+bool Lifelines::readLine(Line& line, int* peer, std::string* unproven) {
   char buffer[sizeof(FarewellHeader) + kWhyBytes];
   for (;;) {
     const ssize_t got = ::recv(line.fd, buffer, sizeof(buffer), MSG_DONTWAIT);
@@ -107,6 +118,20 @@ bool Lifelines::readLine(Line& line, int* peer) {
       return errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR;
     }
     line.inbound.append(buffer, static_cast<size_t>(got));
+    if (!line.helloRead && line.dialed) {
+      // The peer's proof that it accepted this rank's hello: what follows is its to say.
+      if (line.inbound.size() < sizeof(Digest)) {
+        continue;
+      }
+      Digest proof;
+      std::memcpy(proof.data(), line.inbound.data(), proof.size());
+      if (!sameDigest(proof, prove(gate_.secret(), kAcceptPurpose, *peer, rank_, line.nonce))) {
+        *unproven = "its acceptance of this rank's lifeline has a wrong proof";
+        return false;
+      }
+      line.helloRead = true;
+      line.inbound.erase(0, proof.size());
+    }
     if (!line.helloRead) {
       if (line.inbound.size() < sizeof(Hello)) {
         continue;
@@ -115,8 +140,17 @@ bool Lifelines::readLine(Line& line, int* peer) {
       std::memcpy(&hello, line.inbound.data(), sizeof(hello));
       if (hello.magic != kHelloMagic || hello.size != size_ || hello.rank < 0 || hello.rank >= size_ ||
           hello.rank == rank_) {
+        *unproven = foreignHello(hello.magic, hello.rank, hello.size);
         return false;
       }
+      if (!gate_.admits(kHelloPurpose, hello.rank, hello.nonce, hello.proof)) {
+        *unproven = unprovenHello(hello.rank);
+        return false;
+      }
+      const Digest accepted = prove(gate_.secret(), kAcceptPurpose, rank_, hello.rank, hello.nonce);
+      // A new socket's buffer takes it at once; a peer that is gone needs none.
+      ssize_t ignored = ::send(line.fd, accepted.data(), accepted.size(), MSG_NOSIGNAL | MSG_DONTWAIT);
+      (void)ignored;
       line.helloRead = true;
       line.inbound.erase(0, sizeof(Hello));
       *peer = hello.rank;
@@ -150,11 +184,20 @@ bool Lifelines::check() {
     keepAlive(fd);
     Line line;
     line.fd = fd;
+    line.deadline = std::chrono::steady_clock::now() + helloWait_;
     unknown_.push_back(line);
   }
   for (size_t i = 0; i < unknown_.size();) {
     int peer = -1;
-    const bool open = readLine(unknown_[i], &peer);
+    std::string unproven;
+    bool open = readLine(unknown_[i], &peer, &unproven);
+    if (open && peer < 0 && std::chrono::steady_clock::now() >= unknown_[i].deadline) {
+      unproven = "it sent no hello within " + std::to_string(helloWait_.count()) + " ms";
+      open = false;
+    }
+    if (!unproven.empty()) {
+      gate_.turnAway(peerAddress(unknown_[i].fd), unproven);
+    }
     if (peer >= 0) {
       Line line = unknown_[i];
       unknown_.erase(unknown_.begin() + static_cast<std::ptrdiff_t>(i));
@@ -187,7 +230,9 @@ bool Lifelines::check() {
         int error = 0;
         socklen_t length = sizeof(error);
         ::getsockopt(line.fd, SOL_SOCKET, SO_ERROR, &error, &length);
-        Hello hello{kHelloMagic, rank_, size_};
+        line.nonce = freshNonce();
+        Hello hello{kHelloMagic, rank_, size_, line.nonce,
+                    prove(gate_.secret(), kHelloPurpose, rank_, peer, line.nonce)};
         if (error != 0 || ::send(line.fd, &hello, sizeof(hello), MSG_NOSIGNAL | MSG_DONTWAIT) != sizeof(hello)) {
           end(peer, rankName(peer) + " refuses its lifeline (" + std::strerror(error ? error : errno) +
                         "): it exited, was killed or left the group");
@@ -195,12 +240,19 @@ bool Lifelines::check() {
           break;
         }
         line.connecting = false;
-        line.helloRead = true; // a dialed line carries no Hello back
+        line.dialed = true;
         deliverFarewell(p, line);
       }
       int self = peer;
-      if (!readLine(line, &self)) {
-        end(peer, rankName(peer) + " closed its lifeline (the process exited, was killed or aborted its group)");
+      std::string unproven;
+      if (!readLine(line, &self, &unproven)) {
+        if (!unproven.empty()) {
+          gate_.turnAway(line.where, unproven);
+        }
+        end(peer, unproven.empty() ? rankName(peer) +
+                                         " closed its lifeline (the process exited, was killed or aborted its group)"
+                                   : "the process at " + rankName(peer) + "'s lifeline address " + line.where +
+                                         " did not prove it belongs to the group");
         endedNow = true;
         break;
       }

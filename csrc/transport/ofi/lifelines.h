@@ -3,8 +3,12 @@
 // BENCHMARKS.md), but the kernel closes a dead process's sockets at once, and keepalive probes
 // find a host that went down.
 //
-// The rank that first needs a peer dials it (a Hello: magic, rank, group size); the peer accepts
-// whenever it next makes progress. A rank that leaves or gives up writes a Farewell on each of
+// The rank that first needs a peer dials it (a Hello: magic, rank, group size, a nonce and the
+// proof that it knows the group's secret: group_secret.h); the peer accepts whenever it next makes
+// progress, and answers with a proof of its own over the nonce, which comes before anything else
+// it writes on that line. A line whose hello is wrong, unproven or replayed, or that sends none in
+// time, is closed, counted and reported on stderr; a dialed line whose answer is unproven ends its
+// peer. A rank that leaves or gives up writes a Farewell on each of
 // its lifelines — goodbye or fault, the bytes it put on the fabric stream to that peer and those
 // it read from the peer's, and why — then closes them; one that dies just closes them. So a
 // peer knows how much of the stream to read before the end is the end, which of its sends
@@ -18,6 +22,8 @@
 #include <optional>
 #include <string>
 #include <vector>
+
+#include "transport/group_secret.h"
 
 namespace torus::ofi {
 
@@ -33,8 +39,10 @@ struct Farewell {
 
 class Lifelines {
  public:
-  // Listens on `address` (any free port). Throws std::runtime_error.
-  Lifelines(const std::string& address, int rank, int size);
+  // Listens on `address` (any free port); a line accepted is closed unless its hello, proving
+  // `secret`, comes within `helloWait`. Throws std::runtime_error.
+  Lifelines(const std::string& address, int rank, int size, const std::string& secret,
+            std::chrono::milliseconds helloWait);
   ~Lifelines();
 
   // "host:port" peers dial.
@@ -76,8 +84,12 @@ class Lifelines {
   struct Line {
     int fd = -1;
     bool connecting = false; // dialed, not connected yet
-    bool helloRead = false; // accepted: its Hello arrived
+    bool dialed = false; // by this rank, and connected
+    bool helloRead = false; // accepted: its Hello arrived; dialed: the peer's proof of accepting it
     bool saidFarewell = false;
+    Nonce nonce; // dialed: of its Hello
+    std::string where; // dialed: the peer's address
+    std::chrono::steady_clock::time_point deadline; // accepted: for its Hello
     std::string inbound; // accepted, before the Hello: its bytes; else the farewell's
   };
   struct Peer {
@@ -88,13 +100,16 @@ class Lifelines {
     std::string farewellBytes; // this rank's, once said: every line of the peer gets it
   };
 
-  // Reads what the line holds; false when it closed or broke.
-  bool readLine(Line& line, int* peer);
+  // Reads what the line holds; false when it closed or broke, or (*unproven then says why) its
+  // peer did not prove it belongs to the group.
+  bool readLine(Line& line, int* peer, std::string* unproven);
   void end(int peer, const std::string& why);
   void deliverFarewell(Peer& p, Line& line);
 
   const int rank_;
   const int size_;
+  const std::chrono::milliseconds helloWait_;
+  Gatekeeper gate_;
   int listenFd_ = -1;
   std::string where_;
   std::vector<Peer> peers_;

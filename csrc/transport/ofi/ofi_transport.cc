@@ -15,6 +15,7 @@
 #include <optional>
 #include <unordered_map>
 
+#include "transport/group_secret.h"
 #include "transport/ofi/fabric.h"
 #include "transport/ofi/lifelines.h"
 
@@ -64,12 +65,17 @@ constexpr auto kReadRetry = std::chrono::milliseconds(1);
 enum PostKind : int { kSlotReceive = 1, kChunkSend, kControlReceive, kControlSend, kHelloReceive, kHelloSend, kRead };
 
 constexpr uint32_t kHelloMagic = 0x6f666921; // "ofi!"
+// What a hello's proof is over (group_secret.h), with the endpoint name it carries: a hello cannot
+// point a rank at an endpoint of someone else's choosing.
+const char* const kHelloPurpose = "torus fabric hello";
 struct HelloMessage {
   uint32_t magic = kHelloMagic;
   int32_t rank = 0;
   int32_t size = 0;
   uint32_t nameBytes = 0;
   char name[240] = {};
+  Nonce nonce = {};
+  Digest proof = {}; // prove(kHelloPurpose, rank, the rank told, nonce, the name)
 };
 
 std::string toHex(const std::string& bytes) {
@@ -166,6 +172,7 @@ class OfiTransport : public MessageTransport {
 
   ofi::Fabric fabric_;
   ofi::Lifelines lifelines_;
+  Gatekeeper gate_;
   const size_t rmaAbove_;
   const std::chrono::milliseconds timeout_;
   std::shared_ptr<Rendezvous> rendezvous_; // set while peers' addresses are looked up lazily
@@ -238,6 +245,7 @@ struct OfiTransport::Stream : Link {
   std::deque<int> inFlight;
   bool sendDone[kSlots] = {};
   uint64_t handedOn = 0; // bytes of the chunks whose sends completed, in order
+  uint64_t postedBytes = 0; // the stream's offset after the last chunk posted: what the peer may read
 
   ofi::Posted controlReceivePost;
   bool controlReceivePosted = false;
@@ -253,6 +261,8 @@ struct OfiTransport::Stream : Link {
   uint64_t readBytes = 0;
   std::string farewell; // the transport's own last bytes (fault or goodbye frames), not yet taken
   std::string error; // a failed operation with this peer
+  bool lied = false; // error: the peer sent what the protocol never sends
+  bool farewellChecked = false;
   Clock::time_point errorSeen{};
   Clock::time_point endSeen{}; // when the peer's farewell was seen with bytes still to come
   std::unordered_map<uint64_t, ofi::Region> loans; // lent memory, by key
@@ -297,6 +307,32 @@ struct OfiTransport::Stream : Link {
   // return to the shm provider, and no peer that ended reads any more).
   bool gone() const {
     return transport->lifelines_.ended(peer);
+  }
+
+  // The peer sent `what`, which the protocol never sends (a corrupt or forged word): nothing
+  // more is posted to it, and its Link fails at once, naming it and the field.
+  void brokeProtocol(const std::string& what) {
+    if (!lied) {
+      lied = true;
+      error = rankName(peer) + " broke the OFI transport's protocol: it sent " + what +
+              "; this rank reads nothing more from it";
+    }
+  }
+
+  // The peer's farewell, once it came: the counts it gives must fit what this rank sent and read.
+  void checkFarewell() {
+    const auto& farewell = transport->lifelines_.farewell(peer);
+    if (!farewell || farewellChecked) {
+      return;
+    }
+    farewellChecked = true;
+    if (farewell->readBytes > postedBytes) {
+      brokeProtocol("a farewell whose read count says it read " + std::to_string(farewell->readBytes) +
+                    " bytes of this rank's stream, where " + std::to_string(postedBytes) + " were sent");
+    } else if (farewell->streamBytes < readBytes) {
+      brokeProtocol("a farewell whose stream count says it wrote " + std::to_string(farewell->streamBytes) +
+                    " bytes, where this rank read " + std::to_string(readBytes));
+    }
   }
 
   void broke(const std::string& what, ssize_t result) {
@@ -356,6 +392,7 @@ struct OfiTransport::Stream : Link {
       }
       sealed.pop_front();
       --credits;
+      postedBytes = chunkEnd[i];
       chunks[i] = Chunk::kPosted;
       inFlight.push_back(i);
       sent = true;
@@ -370,7 +407,7 @@ struct OfiTransport::Stream : Link {
   }
 
   bool postControlReceive() {
-    if (controlReceivePosted) {
+    if (controlReceivePosted || lied) {
       return true;
     }
     controlReceivePosted = taken(fi_trecv(ep(), &creditWords()[0], sizeof(uint64_t), desc, FI_ADDR_UNSPEC,
@@ -477,6 +514,9 @@ struct OfiTransport::Stream : Link {
   // before its lifeline may have told why. For up to kFarewellGrace, 0 (wait); then the error.
   // Once the lifeline ended, what atEnd says.
   ssize_t broken() {
+    if (lied) {
+      throw CommError(CommError::Kind::kPeer, error);
+    }
     if (transport->lifelines_.ended(peer)) {
       return atEnd();
     }
@@ -529,7 +569,7 @@ struct OfiTransport::Stream : Link {
 
   uint64_t sentBytes() const override {
     const auto& farewell = transport->lifelines_.farewell(peer);
-    return farewell ? std::max(handedOn, farewell->readBytes) : handedOn;
+    return farewell && farewellChecked && !lied ? std::max(handedOn, farewell->readBytes) : handedOn;
   }
 
   void flush() override {
@@ -540,6 +580,9 @@ struct OfiTransport::Stream : Link {
   }
 
   ssize_t read(char* dst, size_t n) override {
+    if (lied) {
+      throw CommError(CommError::Kind::kPeer, error);
+    }
     // What arrived before an error (the peer's last chunks, a fault frame) is read first.
     size_t got = 0;
     while (got < n && filled[head]) {
@@ -795,7 +838,8 @@ void OfiTransport::Stream::finishRead(Read* read, int state, const std::string& 
 OfiTransport::OfiTransport(int rank, int size, std::shared_ptr<Rendezvous> rendezvous, const OfiOptions& options)
     : MessageTransport(rank, size, options.messages),
       fabric_(options.provider, options.address),
-      lifelines_(options.address, rank, size),
+      lifelines_(options.address, rank, size, options.secret, options.timeout),
+      gate_(options.secret, rank, "fabric hello"),
       rmaAbove_(options.rmaAbove ? *options.rmaAbove
                                  : fabric_.rmaOverSockets() ? SIZE_MAX : kDefaultRmaAbove),
       timeout_(options.timeout),
@@ -913,6 +957,9 @@ void OfiTransport::makeStream(int peer, const std::string& name, const std::stri
     const std::string& name = fabric_.name();
     hello.nameBytes = static_cast<uint32_t>(std::min(name.size(), sizeof(hello.name)));
     std::memcpy(hello.name, name.data(), hello.nameBytes);
+    hello.nonce = freshNonce();
+    hello.proof =
+        prove(gate_.secret(), kHelloPurpose, rank(), peer, hello.nonce, std::string(hello.name, hello.nameBytes));
     stream->helloToSend = true;
     lifelines_.dial(peer, lifeline);
   }
@@ -930,6 +977,12 @@ void OfiTransport::onHello(const HelloMessage& hello) {
   const int peer = hello.rank;
   if (hello.magic != kHelloMagic || hello.size != size() || peer < 0 || peer >= size() || peer == rank() ||
       hello.nameBytes > sizeof(hello.name)) {
+    gate_.turnAway("a fabric endpoint", foreignHello(hello.magic, peer, hello.size));
+    return;
+  }
+  const std::string name(hello.name, hello.nameBytes);
+  if (!gate_.admits(kHelloPurpose, peer, hello.nonce, hello.proof, name)) {
+    gate_.turnAway("the fabric endpoint " + toHex(name), unprovenHello(peer));
     return;
   }
   if (streams_[peer]) {
@@ -939,7 +992,7 @@ void OfiTransport::onHello(const HelloMessage& hello) {
   // A peer that says hello after the group failed gets a stream all the same: it carries why.
   lookups_.erase(peer);
   try {
-    makeStream(peer, std::string(hello.name, hello.nameBytes), "", false);
+    makeStream(peer, name, "", false);
     if (streams_[peer]) {
       heardFrom(*streams_[peer]);
     }
@@ -1032,13 +1085,24 @@ void OfiTransport::completed(ofi::Posted* posted, size_t bytes) {
     case kChunkSend:
       stream->sent(posted->index);
       break;
-    case kControlReceive:
+    case kControlReceive: {
       heardFrom(*stream);
-      stream->credits += static_cast<int>(stream->creditWords()[0]);
+      // Credits come back only for slots this rank's chunks used.
+      const uint64_t returned = stream->creditWords()[0];
+      const int outstanding = kSlots - stream->credits;
       stream->controlReceivePosted = false;
+      if (bytes != sizeof(uint64_t) || returned > static_cast<uint64_t>(outstanding)) {
+        stream->brokeProtocol(bytes != sizeof(uint64_t)
+                                  ? "a credit message of " + std::to_string(bytes) + " bytes"
+                                  : "a credit of " + std::to_string(returned) + " slots, where " +
+                                        std::to_string(outstanding) + " were outstanding");
+        break;
+      }
+      stream->credits += static_cast<int>(returned);
       stream->postControlReceive();
       stream->postChunks();
       break;
+    }
     case kControlSend:
       stream->controlSendBusy = false;
       break;
@@ -1093,6 +1157,9 @@ bool OfiTransport::checkLifelines(bool now) {
   }
   nextLifelineCheck_ = Clock::now() + kLifelineCheck;
   const bool ended = lifelines_.check();
+  for (Stream* stream : made_) {
+    stream->checkFarewell();
+  }
   if (ended || deadSegments_) {
     clearDeadSegments();
   }

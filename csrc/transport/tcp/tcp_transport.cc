@@ -1,5 +1,6 @@
 #include "transport/tcp/tcp_transport.h"
 
+#include "transport/group_secret.h"
 #include "transport/sockets.h"
 
 #include <linux/sockios.h>
@@ -37,22 +38,31 @@ constexpr auto kRetryAfterRefusal = std::chrono::milliseconds(200);
 // the kernel has not delivered yet.
 constexpr auto kFarewellLinger = std::chrono::seconds(1);
 
+// What the proofs of a hello and of its acceptance are over (group_secret.h).
+const char* const kHelloPurpose = "torus tcp hello";
+const char* const kAcceptPurpose = "torus tcp accept";
+
 struct Hello {
   uint32_t magic;
   int32_t rank;
   int32_t size;
+  Nonce nonce;
+  Digest proof; // prove(kHelloPurpose, rank, the rank dialed, nonce)
 };
-static_assert(sizeof(Hello) == 12, "Incoming::hello holds one");
+static_assert(sizeof(Hello) == sizeof(TcpTransport::Incoming::hello), "Incoming::hello holds one");
 struct Verdict {
   uint32_t code;
   uint32_t reasonBytes; // kGaveUp: the reason's length (at most kFaultTextBytes)
+  // kAccepted: prove(kAcceptPurpose, the accepting rank, the dialing one, the hello's nonce). Only
+  // an acceptance needs one: whoever holds a peer's address can refuse a connection anyway.
+  Digest proof;
 };
 
 // Answers a connection with `code` (and, for kGaveUp, `reason`); best effort: a new socket's
 // buffer takes the whole answer at once, and a peer that is gone needs none.
-bool sendVerdict(int fd, uint32_t code, const std::string& reason = "") {
+bool sendVerdict(int fd, uint32_t code, const std::string& reason = "", const Digest& proof = {}) {
   const std::string text = reason.substr(0, kFaultTextBytes);
-  Verdict verdict{code, static_cast<uint32_t>(text.size())};
+  Verdict verdict{code, static_cast<uint32_t>(text.size()), proof};
   iovec parts[2] = {{&verdict, sizeof(verdict)}, {const_cast<char*>(text.data()), text.size()}};
   msghdr msg{};
   msg.msg_iov = parts;
@@ -135,6 +145,7 @@ struct TcpTransport::Pair : Link {
 TcpTransport::TcpTransport(int rank, int size, std::shared_ptr<Rendezvous> rendezvous, const TcpOptions& options)
     : MessageTransport(rank, size, options.messages),
       timeout_(options.timeout),
+      gate_(options.secret, rank, "TCP connection"),
       addresses_(static_cast<size_t>(size)),
       pairs_(static_cast<size_t>(size)) {
   wakeFd_ = ::eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
@@ -276,6 +287,9 @@ bool TcpTransport::advanceConnections() {
     const bool done = incoming.helloRead == sizeof(Hello);
     if (broken || Clock::now() >= incoming.deadline || done) {
       const int fd = incoming.fd;
+      if (!broken && !done) {
+        gate_.turnAway(peerAddress(fd), "it sent no hello within " + std::to_string(timeout_.count()) + " ms");
+      }
       const bool kept = done && !broken && answerHello(incoming);
       incoming_.erase(incoming_.begin() + static_cast<std::ptrdiff_t>(i));
       if (!kept) {
@@ -328,6 +342,11 @@ bool TcpTransport::answerHello(Incoming& incoming) {
   std::memcpy(&hello, incoming.hello, sizeof(hello));
   const int peer = hello.rank;
   if (hello.magic != kHelloMagic || hello.size != size() || peer < 0 || peer >= size() || peer == rank()) {
+    gate_.turnAway(peerAddress(incoming.fd), foreignHello(hello.magic, peer, hello.size));
+    return false;
+  }
+  if (!gate_.admits(kHelloPurpose, peer, hello.nonce, hello.proof)) {
+    gate_.turnAway(peerAddress(incoming.fd), unprovenHello(peer));
     return false;
   }
   const std::string& gaveUp = groupFailure();
@@ -342,7 +361,7 @@ bool TcpTransport::answerHello(Incoming& incoming) {
     sendVerdict(incoming.fd, kRefused);
     return false;
   }
-  if (!sendVerdict(incoming.fd, kAccepted)) {
+  if (!sendVerdict(incoming.fd, kAccepted, "", prove(gate_.secret(), kAcceptPurpose, rank(), peer, hello.nonce))) {
     return false;
   }
   if (dial != dials_.end()) {
@@ -430,7 +449,9 @@ bool TcpTransport::advanceDial(int peer, Dial& dial) {
       dial.nextTry = backoff(dial.tries++);
       return false;
     }
-    Hello hello{kHelloMagic, rank(), size()};
+    dial.nonce = freshNonce();
+    Hello hello{kHelloMagic, rank(), size(), dial.nonce,
+                prove(gate_.secret(), kHelloPurpose, rank(), peer, dial.nonce)};
     if (::send(dial.fd, &hello, sizeof(hello), MSG_NOSIGNAL | MSG_DONTWAIT) != sizeof(hello)) {
       peerVanished(peer, systemError(cannot + " at " + where + ": sending its hello", errno));
       return false;
@@ -469,6 +490,12 @@ bool TcpTransport::advanceDial(int peer, Dial& dial) {
         return advanceDial(peer, dial); // the rest of the reason may be waiting already
       }
       failPeer(peer, rankName(peer) + " gave up on the group: " + dial.verdict.substr(sizeof(Verdict)));
+      return false;
+    }
+    if (verdict.code == kAccepted &&
+        !sameDigest(verdict.proof, prove(gate_.secret(), kAcceptPurpose, peer, rank(), dial.nonce))) {
+      gate_.turnAway(where, "its acceptance of this rank's hello to " + rankName(peer) + " has a wrong proof");
+      failPeer(peer, cannot + " at " + where + ": the process listening there did not prove it belongs to the group");
       return false;
     }
     if (verdict.code == kAccepted) {

@@ -7,10 +7,13 @@
 // size - 1, and setup reads no peer's address: each rank publishes its own ("tcp/<rank>") and a
 // peer's is read once, when a connection to it is first made.
 //
-// Handshake: the connecting rank sends a Hello (magic, its rank, the group's size); the accepting
-// rank answers with a Verdict (accepted, refused, or "I gave up on the group: <why>", which a rank
-// whose group failed or aborted gives every rank that connects until it is destroyed), and only an
-// accepted socket carries messages. Two ranks may connect
+// Handshake: the connecting rank sends a Hello (magic, its rank, the group's size, a nonce and
+// the proof that it knows the group's secret: group_secret.h); the accepting rank answers with a
+// Verdict (accepted, with its own proof over the nonce; refused; or "I gave up on the group:
+// <why>", which a rank whose group failed or aborted gives every rank that connects until it is
+// destroyed), and only an accepted socket carries messages. A socket whose hello is wrong, unproven
+// or replayed, or that sends none within the timeout, is closed unanswered, counted and reported
+// on stderr with the address it came from. Two ranks may connect
 // to each other at once; then both keep the connection the lower rank made and refuse the other.
 // A refused rank waits for that connection, trying again now and then in case its peer gave up.
 // A peer that refuses to connect at all (its listening socket is gone: it exited, was killed or
@@ -31,6 +34,7 @@
 #include <unordered_map>
 #include <vector>
 
+#include "transport/group_secret.h"
 #include "transport/message_transport.h"
 #include "transport/rendezvous.h"
 
@@ -42,6 +46,8 @@ struct TcpOptions {
   // Bounds making each connection, from the first request that needs it.
   std::chrono::milliseconds timeout{std::chrono::minutes(30)};
   MessageOptions messages;
+  // The group's secret (shareGroupSecret), which every connection's handshake proves.
+  std::string secret;
 };
 
 class TcpTransport : public MessageTransport {
@@ -52,6 +58,13 @@ class TcpTransport : public MessageTransport {
   ~TcpTransport() override;
 
   struct Pair;
+  // An accepted socket whose Hello has not been answered yet.
+  struct Incoming {
+    int fd = -1;
+    Deadline deadline;
+    char hello[60];
+    size_t helloRead = 0;
+  };
 
  private:
   // A connection this rank is making to a peer.
@@ -63,15 +76,8 @@ class TcpTransport : public MessageTransport {
     int tries = 0;
     int error = 0; // kConnect: connect's own error, when it failed at once
     std::string verdict; // kAwaitVerdict: the bytes read so far
+    Nonce nonce; // of the hello sent, which the acceptance proves over
   };
-  // An accepted socket whose Hello has not been answered yet.
-  struct Incoming {
-    int fd = -1;
-    Deadline deadline;
-    char hello[12];
-    size_t helloRead = 0;
-  };
-
   void wantLink(int peer) override;
   bool hasOwnWork() const override;
   bool checkPeers() override;
@@ -95,6 +101,7 @@ class TcpTransport : public MessageTransport {
   void deliverFarewells();
 
   const std::chrono::milliseconds timeout_;
+  Gatekeeper gate_;
   // Set while peers' addresses are still to be looked up.
   std::shared_ptr<Rendezvous> rendezvous_;
   std::vector<std::string> addresses_; // by rank; empty until known

@@ -1,0 +1,72 @@
+// The group's secret, and the proofs of it that every hello carries (docs/security.md).
+//
+// Rank 0 draws 32 random bytes when the group's transport is made and sets them under one key of
+// the group's store; every other rank reads that key (one blocking get). A connection's hello
+// carries a nonce of its sender's and HMAC-SHA256(secret, what it is | sender | receiver | nonce
+// | what it carries): the receiver checks the proof and that it never saw the nonce, so a hello
+// taken off the wire and sent again fails as one made up does. An answer that makes a connection
+// proves itself the same way over the hello's nonce, which the answerer cannot have seen before.
+#pragma once
+
+#include <array>
+#include <cstdint>
+#include <set>
+#include <string>
+
+#include "transport/hmac.h"
+#include "transport/rendezvous.h"
+
+namespace torus {
+
+constexpr size_t kNonceBytes = 16;
+using Nonce = std::array<uint8_t, kNonceBytes>;
+
+// The group's secret: drawn by rank 0 and set in the store, read (blocking) by the others.
+std::string shareGroupSecret(Rendezvous& rendezvous, int rank);
+
+// Bytes from the kernel's random source.
+Nonce freshNonce();
+
+// What `from` sends `to` to prove it knows `secret`: `purpose` names the message (a TCP hello, a
+// lifeline's, ...) so that no proof passes for another's.
+Digest prove(const std::string& secret, const char* purpose, int from, int to, const Nonce& nonce,
+             const std::string& carried = "");
+
+// A transport's door: checks the proofs its peers' hellos carry, remembers their nonces, and
+// counts and reports the connections it turned away.
+class Gatekeeper {
+ public:
+  // `what`: what it turns away ("TCP connection", ...).
+  Gatekeeper(std::string secret, int rank, const char* what)
+      : secret_(std::move(secret)), rank_(rank), what_(what) {}
+
+  const std::string& secret() const {
+    return secret_;
+  }
+  // Whether a hello of `purpose` that says it comes from `from`, with `nonce` and `proof`, does,
+  // and is no replay (its nonce is then remembered).
+  bool admits(const char* purpose, int from, const Nonce& nonce, const Digest& proof,
+              const std::string& carried = "");
+  // Counts a connection turned away and warns on stderr, saying where it came from and why.
+  void turnAway(const std::string& from, const std::string& why);
+  int turnedAway() const {
+    return turnedAway_;
+  }
+
+ private:
+  const std::string secret_;
+  const int rank_;
+  const char* const what_;
+  std::set<Nonce> seen_;
+  int turnedAway_ = 0;
+};
+
+// Why a hello was turned away: it is no hello of this group's (its magic, rank or size)...
+std::string foreignHello(uint32_t magic, int rank, int size);
+// ... or its proof is wrong, or it was replayed.
+std::string unprovenHello(int rank);
+
+// "host:port" of a connected socket's peer, or "an unknown address".
+std::string peerAddress(int fd);
+
+} // namespace torus
