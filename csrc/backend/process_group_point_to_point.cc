@@ -1,6 +1,7 @@
-// The point-to-point entry points: send, recv and recv from any source. They bypass the
-// executor: posted straight to the transport, so that a rank's isend and irecv never wait for
-// each other or for queued collectives.
+// The point-to-point entry points: send, recv and recv from any source, and the batches of them
+// batch_isend_irecv makes (startCoalescing, endCoalescing). They bypass the executor: posted
+// straight to the transport, so that a rank's isend and irecv never wait for each other or for
+// queued collectives.
 #include "backend/callback_scope.h"
 #include "backend/process_group_torus.h"
 #include "backend/tensor_checks.h"
@@ -34,6 +35,22 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupTorus::postPointToPoint(c10d::OpType 
       {tensor}, {tensor});
   recorder_->started(recordId, number);
   const uint64_t wireTag = p2pTag(tag);
+  const bool sending = type == c10d::OpType::SEND;
+  std::unique_lock<std::mutex> batchLock(batchMutex_);
+  const bool batched = batch_.has_value();
+  if (!batched) {
+    batchLock.unlock();
+  }
+  CommsEvent event;
+  if (!batched && event.active()) {
+    const std::vector<at::Tensor> tensors{tensor};
+    CommsGroup group = commsGroup();
+    group.rank = peer; // as ProcessGroupNCCL gives it: the trace's "Dst Rank" or "Src Rank"
+    event.begin(group,
+                CommsCall{sending ? "send" : "recv", static_cast<int64_t>(number), true, tensor.numel(), tensor.numel(),
+                          tensor.scalar_type(), {}, {}, true},
+                tensors, tensors);
+  }
   RequestPtr request;
   at::Tensor buffer;
   if (tensor.is_cuda()) {
@@ -58,8 +75,42 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupTorus::postPointToPoint(c10d::OpType 
   // The Work may go before the request completes (an irecv nobody waits on): the transport then
   // still owns the buffer.
   request->holdBuffer(std::make_shared<at::Tensor>(buffer));
-  return c10::make_intrusive<TorusP2PWork>(rank_, type, title, transport_, request, tensor, buffer, timeout_.load(), context,
-                                           failure_, recorder_, recordId);
+  auto work = c10::make_intrusive<TorusP2PWork>(rank_, type, title, transport_, request, tensor, buffer, timeout_.load(),
+                                                context, failure_, recorder_, recordId);
+  if (batched) {
+    batch_->firstNumber = batch_->works.empty() ? number : batch_->firstNumber;
+    batch_->works.push_back(work);
+    (sending ? batch_->sent : batch_->received).push_back(tensor);
+  }
+  return work;
+}
+
+void ProcessGroupTorus::startCoalescing() {
+  std::lock_guard<std::mutex> lock(batchMutex_);
+  TORUS_CHECK(!batch_, "startCoalescing called twice without endCoalescing between (group '", groupName_, "')");
+  batch_.emplace();
+}
+
+c10::intrusive_ptr<c10d::Work> ProcessGroupTorus::endCoalescing() {
+  P2PBatch batch;
+  {
+    std::lock_guard<std::mutex> lock(batchMutex_);
+    TORUS_CHECK(batch_, "endCoalescing called without startCoalescing (group '", groupName_, "')");
+    batch = std::move(*batch_);
+    batch_.reset();
+  }
+  CommsEvent event;
+  if (event.active()) {
+    // In: what the batch sends; out: what it receives.
+    const at::ScalarType dtype = !batch.sent.empty()       ? batch.sent[0].scalar_type()
+                                : !batch.received.empty() ? batch.received[0].scalar_type()
+                                                          : at::kByte;
+    event.begin(commsGroup(),
+                CommsCall{"coalesced", static_cast<int64_t>(batch.firstNumber), true, totalNumel(batch.sent),
+                          totalNumel(batch.received), dtype, {}, {}, true},
+                batch.sent, batch.received);
+  }
+  return c10::make_intrusive<TorusBatchWork>(rank_, std::move(batch.works));
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupTorus::send(std::vector<at::Tensor>& tensors, int dstRank, int tag) {

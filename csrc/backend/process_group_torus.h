@@ -16,7 +16,9 @@
 #include <chrono>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
+#include <vector>
 
 #include <torch/csrc/distributed/c10d/Backend.hpp>
 #include <torch/csrc/distributed/c10d/Store.hpp>
@@ -24,6 +26,7 @@
 #include "backend/algorithm_dispatch.h"
 #include "backend/arrival_board.h"
 #include "backend/collective_executor.h"
+#include "backend/comms_event.h"
 #include "backend/device_support.h"
 #include "backend/direct_ops.h"
 #include "backend/reduction.h"
@@ -115,6 +118,18 @@ class ProcessGroupTorus : public c10d::Backend {
   c10::intrusive_ptr<c10d::Work> recv(std::vector<at::Tensor>& tensors, int srcRank, int tag) override;
   c10::intrusive_ptr<c10d::Work> recvAnysource(std::vector<at::Tensor>& tensors, int tag) override;
 
+  // batch_isend_irecv: the sends and receives issued between the two calls are posted as they
+  // come; endCoalescing returns one work for all of them, and gives the batch one
+  // record_param_comms event with its totals.
+  bool supportsCoalescing() const override {
+    return true;
+  }
+  void startCoalescing() override;
+  c10::intrusive_ptr<c10d::Work> endCoalescing() override;
+  // The group's ranks in the world (torch's global_ranks_in_group; empty for the world), which
+  // record_param_comms events give as a start and a stride.
+  void setGlobalRanks(const std::vector<int64_t>& ranks);
+
   void setSequenceNumberForGroup() override {}
   uint64_t getSequenceNumberForGroup() override;
 
@@ -143,9 +158,13 @@ class ProcessGroupTorus : public c10d::Backend {
   };
   // Checks the per-call timeout and hands the call to the executor: to run on this thread when
   // the caller waits for it and it is at most TORUS_INLINE_BYTES, else queued.
+  // `inSplits`, `outSplits`: all_to_all_single's split sizes, for its record_param_comms event.
   c10::intrusive_ptr<c10d::Work> submit(const CallDescription& call, std::vector<at::Tensor> outputs,
                                         std::vector<at::Tensor> inputs, CallOptions options,
-                                        CollectiveExecutor::Body body);
+                                        CollectiveExecutor::Body body, c10::ArrayRef<int64_t> inSplits = {},
+                                        c10::ArrayRef<int64_t> outSplits = {});
+  // The group as record_param_comms events name it.
+  CommsGroup commsGroup() const;
   // Allgather of byte blocks: every rank contributes `mine` (the same length on every rank);
   // returns world-size blocks back to back.
   at::Tensor allgatherBytes(Comm& comm, const at::Tensor& mine);
@@ -196,6 +215,18 @@ class ProcessGroupTorus : public c10d::Backend {
   // The process that created the group: a child forked since has its memory but not its threads.
   const pid_t process_;
   std::atomic<uint64_t> p2pIssued_{0}; // sends and receives issued, to number them in errors
+  // Where the group's ranks lie in the world, for record_param_comms events.
+  int globalRankStart_ = 0;
+  int globalRankStride_ = 1;
+  // The sends and receives between startCoalescing and endCoalescing.
+  struct P2PBatch {
+    std::vector<c10::intrusive_ptr<c10d::Work>> works;
+    std::vector<at::Tensor> sent;
+    std::vector<at::Tensor> received;
+    uint64_t firstNumber = 0;
+  };
+  std::mutex batchMutex_;
+  std::optional<P2PBatch> batch_;
   std::atomic<uint64_t> monitoredBarriers_{0}; // monitored barriers called, each with tags of its own
   // torch.ops.torus's way to this group; released first when the group goes.
   std::unique_ptr<DirectRegistration> direct_;
