@@ -14,6 +14,7 @@
 
 #include <atomic>
 #include <chrono>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <optional>
@@ -118,9 +119,10 @@ class ProcessGroupTorus : public c10d::Backend {
   c10::intrusive_ptr<c10d::Work> recv(std::vector<at::Tensor>& tensors, int srcRank, int tag) override;
   c10::intrusive_ptr<c10d::Work> recvAnysource(std::vector<at::Tensor>& tensors, int tag) override;
 
-  // batch_isend_irecv: the sends and receives issued between the two calls are posted as they
-  // come; endCoalescing returns one work for all of them, and gives the batch one
-  // record_param_comms event with its totals.
+  // batch_isend_irecv: the sends and receives issued between the two calls are checked as they
+  // come and posted together by endCoalescing (none of them when one was refused: it raises that
+  // op's error), which returns one work for them all and gives the batch one record_param_comms
+  // event with its totals.
   bool supportsCoalescing() const override {
     return true;
   }
@@ -189,9 +191,15 @@ class ProcessGroupTorus : public c10d::Backend {
   // Allgathers `buffer` (contiguous) in `blocks` in place, on the host or on `device`.
   void allgatherBuffer(Algorithm algorithm, Comm& comm, DeviceCall* device, at::Tensor& buffer,
                        const Blocks& blocks);
-  // A send or receive posted to the transport, as a work.
+  // A send or receive posted to the transport, as a work. `batched`: one of a batch, which
+  // endCoalescing gives the record_param_comms event.
   c10::intrusive_ptr<c10d::Work> postPointToPoint(c10d::OpType type, const char* title, int peer, int tag,
-                                                  at::Tensor& tensor, const std::string& what);
+                                                  at::Tensor& tensor, const std::string& what, bool batched);
+  using PostP2P = std::function<c10::intrusive_ptr<c10d::Work>(bool batched)>;
+  // Checks a send or receive of `tensor` (`check` raises) and posts it; in a batch, only checks it
+  // and keeps `post` for endCoalescing.
+  c10::intrusive_ptr<c10d::Work> issuePointToPoint(c10d::OpType type, const at::Tensor& tensor,
+                                                   const std::function<void()>& check, PostP2P post);
   // "torus:send to rank 2 tag 0, p2p #3 (rank 0, group '5')" for the call numbered `number`.
   std::string p2pContext(const std::string& what, uint64_t number);
   // Ends the executor (shutdown, abort, shutDownAll, the destructor): one thread at a time.
@@ -218,12 +226,12 @@ class ProcessGroupTorus : public c10d::Backend {
   // Where the group's ranks lie in the world, for record_param_comms events.
   int globalRankStart_ = 0;
   int globalRankStride_ = 1;
-  // The sends and receives between startCoalescing and endCoalescing.
+  // The sends and receives between startCoalescing and endCoalescing, checked, in issue order.
   struct P2PBatch {
-    std::vector<c10::intrusive_ptr<c10d::Work>> works;
+    std::vector<PostP2P> posts;
     std::vector<at::Tensor> sent;
     std::vector<at::Tensor> received;
-    uint64_t firstNumber = 0;
+    std::exception_ptr refused; // the first op refused: endCoalescing raises it and posts nothing
   };
   std::mutex batchMutex_;
   std::optional<P2PBatch> batch_;

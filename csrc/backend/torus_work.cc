@@ -255,6 +255,11 @@ int TorusP2PWork::sourceRank() const {
   return request_->peer();
 }
 
+bool TorusBatchedOpWork::wait(std::chrono::milliseconds) {
+  TORCH_CHECK(false, "torus: this ", c10d::opTypeToString(retrieveOpType()),
+              " is part of a batch (startCoalescing): wait for the work endCoalescing returned");
+}
+
 TorusBatchWork::TorusBatchWork(int rank, std::vector<c10::intrusive_ptr<c10d::Work>> works)
     : c10d::Work(rank, c10d::OpType::COALESCED, "torus:coalesced"), works_(std::move(works)) {
   future_ = makeTensorListFuture();

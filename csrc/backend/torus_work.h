@@ -1,6 +1,6 @@
 // The Work objects ProcessGroupTorus returns: TorusWork for collectives run on the group's
 // worker thread, TorusP2PWork for sends and receives posted straight to the transport,
-// TorusBatchWork for a batch of them (batch_isend_irecv).
+// TorusBatchWork for a batch of them (batch_isend_irecv), TorusBatchedOpWork for one op of it.
 #pragma once
 
 #include <atomic>
@@ -177,6 +177,14 @@ class TorusP2PWork : public c10d::Work {
   const uint64_t recordId_;
   std::atomic<bool> settled_{false};
   c10::intrusive_ptr<c10::ivalue::Future> future_;
+};
+
+// What a send or receive issued inside a batch (between startCoalescing and endCoalescing)
+// returns: the batch posts it, and endCoalescing's work is the one to wait for.
+class TorusBatchedOpWork : public c10d::Work {
+ public:
+  TorusBatchedOpWork(int rank, c10d::OpType opType) : c10d::Work(rank, opType) {}
+  bool wait(std::chrono::milliseconds timeout) override;
 };
 
 // The work of the calls issued between startCoalescing and endCoalescing: done when each is;
