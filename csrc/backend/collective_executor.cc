@@ -293,14 +293,12 @@ std::exception_ptr CollectiveExecutor::attempt(Job& job) {
   if (job.work) {
     job.work->start(job.seq);
   }
-  // One clock read for the recorder and the deadline.
-  const Clock::time_point start = Clock::now();
-  recorder_->started(job.recordId, job.seq, start);
+  recorder_->started(job.recordId, job.seq);
   try {
     if (failure_->failed()) {
       failure_->throwIfFailed(contextOf(job));
     }
-    return run(job, start);
+    return run(job);
   } catch (...) {
     return asTorchError(std::current_exception(), contextOf(job));
   }
@@ -310,7 +308,7 @@ std::string CollectiveExecutor::contextOf(const Job& job) const {
   return label_->context(job.title, job.seq);
 }
 
-std::exception_ptr CollectiveExecutor::run(Job& job, Clock::time_point start) {
+std::exception_ptr CollectiveExecutor::run(Job& job) {
   const uint64_t seq = job.seq;
   running_ = &job;
   runningFailure_.reset();
@@ -320,7 +318,7 @@ std::exception_ptr CollectiveExecutor::run(Job& job, Clock::time_point start) {
     }
     comm_.setTag(seq);
     comm_.setCall(job.call);
-    comm_.setDeadline(start + job.timeout);
+    comm_.setDeadline(Clock::now() + job.timeout);
     recentCalls_[seq % recentCalls_.size()] = {seq, job.call};
     arrivals_->entered(seq, job.timeout);
     // Inside the job's failure handling: a rank that cannot enter fails the group, as any failure

@@ -134,9 +134,9 @@ class CollectiveExecutor {
   bool claimIfIdle();
   // After a job ran on a calling thread: the worker takes calls queued meanwhile.
   void releaseCallingThread();
-  // Runs one job (a device job inside its device scope, which it enters first), started at
-  // `start`; the error for its work, or null when it succeeded.
-  std::exception_ptr run(Job& job, Clock::time_point start);
+  // Runs one job (a device job inside its device scope, which it enters first); the error for its
+  // work, or null when it succeeded.
+  std::exception_ptr run(Job& job);
   // A device job's stall, with what the ready event says: the caller's stream may never have
   // reached the point the collective was issued at.
   static std::exception_ptr withReadyEvent(const Job& job, std::exception_ptr raised);

@@ -17,10 +17,6 @@ constexpr uint64_t kStateMask = uint64_t{3} << kStateShift;
 // How often the dump tries to copy an entry that a writer holds before it leaves it out.
 constexpr int kSnapshotTries = 1000;
 
-int64_t steadyNs(Clock::time_point when) {
-  return std::chrono::duration_cast<std::chrono::nanoseconds>(when.time_since_epoch()).count();
-}
-
 uint64_t packCall(const FlightRecorder::Call& call) {
   return static_cast<uint64_t>(static_cast<uint8_t>(call.dtype)) | (call.p2p ? uint64_t{1} << 8 : 0) |
          (call.fromCallback ? uint64_t{1} << 9 : 0) |
@@ -79,7 +75,8 @@ void keepLast(std::deque<T>& items, size_t capacity) {
 
 FlightRecorder::FlightRecorder(size_t capacity, std::string dir, int rank, int size, std::string groupName)
     : capacity_(capacity), dir_(std::move(dir)), rank_(rank), size_(size), groupName_(std::move(groupName)),
-      ring_(capacity ? new Entry[capacity] : nullptr) {}
+      ring_(capacity ? new Entry[capacity] : nullptr),
+      clock_(capacity ? std::make_unique<c10::ApproximateClockToUnixTimeConverter>() : nullptr) {}
 
 uint64_t FlightRecorder::acquire(Entry& entry) {
   uint64_t version = entry.version.load(std::memory_order_relaxed);
@@ -139,7 +136,7 @@ uint64_t FlightRecorder::record(const Call& call, const std::vector<at::Tensor>&
   if (!enabled()) {
     return 0;
   }
-  const int64_t now = steadyNs(Clock::now());
+  const uint64_t now = static_cast<uint64_t>(c10::getApproximateTime());
   const uint64_t id = nextId_.fetch_add(1, std::memory_order_relaxed);
   Entry& entry = ring_[id % capacity_];
   const uint64_t version = acquire(entry);
@@ -147,9 +144,9 @@ uint64_t FlightRecorder::record(const Call& call, const std::vector<at::Tensor>&
   entry.seq.store(0, std::memory_order_relaxed);
   entry.title.store(call.profilingName, std::memory_order_relaxed);
   entry.call.store(packCall(call), std::memory_order_relaxed);
-  entry.createdNs.store(now, std::memory_order_relaxed);
-  entry.startedNs.store(0, std::memory_order_relaxed);
-  entry.completedNs.store(0, std::memory_order_relaxed);
+  entry.created.store(now, std::memory_order_relaxed);
+  entry.started.store(0, std::memory_order_relaxed);
+  entry.completed.store(0, std::memory_order_relaxed);
   const bool fits = storeInline(inputs, entry.inputs) && storeInline(outputs, entry.outputs);
   if (!fits) {
     entry.inputs.layout.store(kSpilled, std::memory_order_relaxed);
@@ -168,8 +165,8 @@ void FlightRecorder::spill(uint64_t id, const std::vector<at::Tensor>& inputs, c
   keepLast(spills_, capacity_);
 }
 
-void FlightRecorder::advance(uint64_t id, State state, std::atomic<int64_t> Entry::*nsField, int64_t ns,
-                             uint64_t seq) {
+void FlightRecorder::advance(uint64_t id, State state, std::atomic<uint64_t> Entry::*field, uint64_t seq) {
+  const uint64_t now = static_cast<uint64_t>(c10::getApproximateTime());
   Entry& entry = ring_[id % capacity_];
   const uint64_t version = acquire(entry);
   if (entry.id.load(std::memory_order_relaxed) == id) {
@@ -178,23 +175,23 @@ void FlightRecorder::advance(uint64_t id, State state, std::atomic<int64_t> Entr
     }
     const uint64_t call = entry.call.load(std::memory_order_relaxed);
     entry.call.store((call & ~kStateMask) | static_cast<uint64_t>(state) << kStateShift, std::memory_order_relaxed);
-    (entry.*nsField).store(ns, std::memory_order_relaxed);
+    (entry.*field).store(now, std::memory_order_relaxed);
   }
   release(entry, version);
 }
 
-void FlightRecorder::started(uint64_t id, uint64_t seq, Clock::time_point when) {
+void FlightRecorder::started(uint64_t id, uint64_t seq) {
   if (id == 0) {
     return;
   }
-  advance(id, State::kStarted, &Entry::startedNs, steadyNs(when), seq);
+  advance(id, State::kStarted, &Entry::started, seq);
 }
 
 void FlightRecorder::finished(uint64_t id, const std::string& error) {
   if (id == 0) {
     return;
   }
-  advance(id, error.empty() ? State::kCompleted : State::kFailed, &Entry::completedNs, steadyNs(Clock::now()), 0);
+  advance(id, error.empty() ? State::kCompleted : State::kFailed, &Entry::completed, 0);
   if (!error.empty()) {
     std::lock_guard<std::mutex> lock(asideMutex_);
     errors_.emplace_back(id, error);
@@ -214,9 +211,9 @@ bool FlightRecorder::snapshot(uint64_t id, Snapshot& out) {
     out.seq = entry.seq.load(std::memory_order_relaxed);
     out.title = entry.title.load(std::memory_order_relaxed);
     out.call = entry.call.load(std::memory_order_relaxed);
-    out.createdNs = entry.createdNs.load(std::memory_order_relaxed);
-    out.startedNs = entry.startedNs.load(std::memory_order_relaxed);
-    out.completedNs = entry.completedNs.load(std::memory_order_relaxed);
+    out.created = entry.created.load(std::memory_order_relaxed);
+    out.started = entry.started.load(std::memory_order_relaxed);
+    out.completed = entry.completed.load(std::memory_order_relaxed);
     const bool spilled = entry.inputs.layout.load(std::memory_order_relaxed) & kSpilled;
     if (!spilled) {
       out.inputs = loadInline(entry.inputs);
@@ -248,13 +245,14 @@ std::string FlightRecorder::dump(const std::string& reason, const std::string& w
     return "";
   }
   static const char* const states[] = {"scheduled", "started", "completed", "failed"};
-  // Entries hold steady-clock times; the dump gives them since the epoch, as torch's does, so
-  // that ranks on different hosts compare.
+  // Times since the epoch, as torch's are, so that ranks on different hosts compare.
+  const auto toEpoch = clock_->makeConverter();
+  const auto epoch = [&toEpoch](uint64_t t) {
+    return t ? std::to_string(toEpoch(static_cast<c10::approx_time_t>(t))) : std::string("null");
+  };
   const int64_t nowEpoch =
       std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::system_clock::now().time_since_epoch())
           .count();
-  const int64_t toEpoch = nowEpoch - steadyNs(Clock::now());
-  const auto epoch = [toEpoch](int64_t ns) { return ns ? std::to_string(ns + toEpoch) : std::string("null"); };
   std::ostringstream out;
   out << "{\n  \"version\": \"torus-1\",\n  \"pg_id\": " << quoted(groupName_) << ",\n  \"rank\": " << rank_
       << ",\n  \"world_size\": " << size_ << ",\n  \"dump_reason\": " << quoted(reason)
@@ -286,9 +284,9 @@ std::string FlightRecorder::dump(const std::string& reason, const std::string& w
         << ", \"root_or_peer\": " << static_cast<int32_t>(entry.call >> 32)
         << ", \"issued_by\": " << quoted(entry.call & (uint64_t{1} << 9) ? "callback" : "caller")
         << ", \"state\": " << quoted(states[static_cast<int>(state)])
-        << ", \"time_created_ns\": " << epoch(entry.createdNs)
-        << ", \"time_discovered_started_ns\": " << epoch(entry.startedNs)
-        << ", \"time_discovered_completed_ns\": " << epoch(entry.completedNs) << ", \"error\": " << quoted(error)
+        << ", \"time_created_ns\": " << epoch(entry.created)
+        << ", \"time_discovered_started_ns\": " << epoch(entry.started)
+        << ", \"time_discovered_completed_ns\": " << epoch(entry.completed) << ", \"error\": " << quoted(error)
         << ", \"waiting_for\": " << quoted(state == State::kStarted && !p2p ? waitingFor : "") << "}";
     any = true;
   }

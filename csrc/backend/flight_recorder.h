@@ -7,8 +7,9 @@
 //
 // Recording is cheap enough for every call (BENCHMARKS.md): a ring of fixed-size entries, reused,
 // that hold ids, enums and the shapes inline (a call of more than kInlineTensors tensors or
-// kInlineDims dimensions a side keeps them beside, under a lock); one steady-clock read per state
-// change; no lock. Each entry has a version: a writer makes it odd while it writes (one writer at a
+// kInlineDims dimensions a side keeps them beside, under a lock); one read of the CPU's time-stamp
+// counter per state change (torch's profiler's clock), turned into times since the epoch at the
+// dump; no lock. Each entry has a version: a writer makes it odd while it writes (one writer at a
 // time per entry), and the dump copies an entry and keeps the copy only if the version was even
 // and unchanged. Strings are built at the dump; a failure's text is kept beside, under a lock.
 #pragma once
@@ -24,8 +25,7 @@
 #include <vector>
 
 #include <ATen/ATen.h>
-
-#include "transport/transport.h"
+#include <c10/util/ApproximateClock.h>
 
 namespace torus {
 
@@ -46,8 +46,8 @@ class FlightRecorder {
   }
   // The record's id; 0 when off.
   uint64_t record(const Call& call, const std::vector<at::Tensor>& inputs, const std::vector<at::Tensor>& outputs);
-  // The record started as collective (or point-to-point call) number `seq`, at `when`.
-  void started(uint64_t id, uint64_t seq, Clock::time_point when = Clock::now());
+  // The record started as collective (or point-to-point call) number `seq`.
+  void started(uint64_t id, uint64_t seq);
   // Completed, or failed with `error` (non-empty).
   void finished(uint64_t id, const std::string& error);
   // Writes the ring (newest last) and returns the file's path, or an empty string when off or
@@ -71,16 +71,18 @@ class FlightRecorder {
     std::array<std::atomic<int64_t>, kInlineDims> dims{};
   };
   // Every field is atomic (read relaxed under the version), so that the dump may copy an entry
-  // while a writer changes it.
-  struct Entry {
+  // while a writer changes it. A call of one tensor a side touches the entry's first two cache
+  // lines only.
+  struct alignas(64) Entry {
     std::atomic<uint64_t> version{0};
     std::atomic<uint64_t> id{0};
     std::atomic<uint64_t> seq{0};
     std::atomic<const char*> title{nullptr};
     std::atomic<uint64_t> call{0}; // dtype | p2p << 8 | fromCallback << 9 | state << 10 | rootOrPeer << 32
-    std::atomic<int64_t> createdNs{0};
-    std::atomic<int64_t> startedNs{0};
-    std::atomic<int64_t> completedNs{0};
+    // c10::getApproximateTime(); 0: not yet.
+    std::atomic<uint64_t> created{0};
+    std::atomic<uint64_t> started{0};
+    std::atomic<uint64_t> completed{0};
     InlineShapes inputs;
     InlineShapes outputs;
   };
@@ -90,7 +92,7 @@ class FlightRecorder {
     uint64_t seq;
     const char* title;
     uint64_t call;
-    int64_t createdNs, startedNs, completedNs;
+    uint64_t created, started, completed;
     std::vector<std::vector<int64_t>> inputs, outputs;
   };
   // The shapes of a call that do not fit inline, by record id.
@@ -109,8 +111,8 @@ class FlightRecorder {
   // Copies the entry of record `id`; false when it was overwritten or is being written.
   bool snapshot(uint64_t id, Snapshot& out);
   void spill(uint64_t id, const std::vector<at::Tensor>& inputs, const std::vector<at::Tensor>& outputs);
-  // Sets the state of record `id` (and `nsField` to `ns`) if its entry still holds it.
-  void advance(uint64_t id, State state, std::atomic<int64_t> Entry::*nsField, int64_t ns, uint64_t seq);
+  // Sets the state of record `id` (and its time `field` to now) if its entry still holds it.
+  void advance(uint64_t id, State state, std::atomic<uint64_t> Entry::*field, uint64_t seq);
 
   const size_t capacity_;
   const std::string dir_;
@@ -119,6 +121,8 @@ class FlightRecorder {
   const std::string groupName_;
   std::unique_ptr<Entry[]> ring_;
   std::atomic<uint64_t> nextId_{1};
+  // Turns the entries' times into times since the epoch (null when off).
+  std::unique_ptr<c10::ApproximateClockToUnixTimeConverter> clock_;
   // The rare: spilled shapes and failures' texts, the last `capacity_` of each.
   std::mutex asideMutex_;
   std::deque<Spill> spills_;
