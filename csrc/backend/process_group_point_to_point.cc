@@ -40,8 +40,9 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupTorus::postPointToPoint(c10d::OpType 
     const std::vector<at::Tensor> tensors{tensor};
     CommsGroup group = commsGroup();
     group.rank = peer; // as ProcessGroupNCCL gives it: the trace's "Dst Rank" or "Src Rank"
+    const char* name = type == c10d::OpType::SEND ? "send" : "recv";
     event.begin(group,
-                CommsCall{type == c10d::OpType::SEND ? "send" : "recv", static_cast<int64_t>(number), true, tensor.numel(), tensor.numel(),
+                CommsCall{name, static_cast<int64_t>(number), true, tensor.numel(), tensor.numel(),
                           tensor.scalar_type(), {}, {}, true},
                 tensors, tensors);
   }
