@@ -2,6 +2,8 @@
 
 #include <torch/csrc/distributed/c10d/ParamCommsUtils.hpp>
 
+#include "backend/call_description.h"
+
 namespace torus {
 
 namespace {
@@ -13,44 +15,6 @@ std::vector<int64_t> numels(const std::vector<at::Tensor>& tensors) {
     all.push_back(tensor.numel());
   }
   return all;
-}
-
-// ProcessGroupNCCL's names, which trace tools match.
-const char* ncclName(c10d::OpType type, size_t tensors) {
-  switch (type) {
-    case c10d::OpType::BROADCAST:
-      return "broadcast";
-    case c10d::OpType::ALLREDUCE:
-      return "allreduce";
-    case c10d::OpType::ALLREDUCE_COALESCED:
-      return "allreduce_coalesced";
-    case c10d::OpType::REDUCE:
-      return "reduce";
-    case c10d::OpType::ALLGATHER:
-      return "all_gather";
-    case c10d::OpType::_ALLGATHER_BASE:
-      return "_allgather_base";
-    case c10d::OpType::ALLGATHER_COALESCED:
-      return "allgather_coalesced";
-    case c10d::OpType::COALESCED:
-      return "allgather_into_tensor_coalesced";
-    case c10d::OpType::GATHER:
-      return "gather";
-    case c10d::OpType::SCATTER:
-      return "scatter";
-    case c10d::OpType::REDUCE_SCATTER:
-      return "reduce_scatter";
-    case c10d::OpType::_REDUCE_SCATTER_BASE:
-      return tensors > 1 ? "reduce_scatter_tensor_coalesced" : "_reduce_scatter_base";
-    case c10d::OpType::ALLTOALL_BASE:
-      return "all_to_allv";
-    case c10d::OpType::ALLTOALL:
-      return "all_to_all";
-    case c10d::OpType::BARRIER:
-      return "barrier";
-    default:
-      return "collective";
-  }
 }
 
 } // namespace
@@ -66,7 +30,7 @@ int64_t totalNumel(const std::vector<at::Tensor>& tensors) {
 CommsCall describeCollective(c10d::OpType type, at::ScalarType dtype, const std::vector<at::Tensor>& inputs,
                              const std::vector<at::Tensor>& outputs, int size, int64_t seq, bool asyncOp,
                              c10::ArrayRef<int64_t> inSplits, c10::ArrayRef<int64_t> outSplits) {
-  CommsCall call{ncclName(type, inputs.size()), seq, false, totalNumel(inputs), totalNumel(outputs), dtype,
+  CommsCall call{ncclCollectiveName(type), seq, false, totalNumel(inputs), totalNumel(outputs), dtype,
                  inSplits.vec(), outSplits.vec(), asyncOp};
   // The coalesced calls describe themselves in bytes; the event names the tensors' dtype.
   if (!inputs.empty() && inputs[0].defined()) {
@@ -79,7 +43,12 @@ CommsCall describeCollective(c10d::OpType type, at::ScalarType dtype, const std:
     case c10d::OpType::SCATTER: // only the root has inputs
       call.inNelems = call.outNelems * size;
       break;
-    case c10d::OpType::ALLTOALL_BASE:
+    case c10d::OpType::_REDUCE_SCATTER_BASE: // reduce_scatter_tensor_coalesced is one of them
+      if (inputs.size() > 1) {
+        call.name = "reduce_scatter_tensor_coalesced";
+      }
+      break;
+    case c10d::OpType::ALLTOALL_BASE: // all_to_all_single: NCCL's all_to_allv only with splits
       if (inSplits.empty() && outSplits.empty()) {
         call.name = "all_to_all";
       }
