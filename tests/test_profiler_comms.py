@@ -42,12 +42,20 @@ def _case_profiled_calls(ctx):
                                output_split_sizes=[2] * world, input_split_sizes=[2] * world)
         if member:
             dist.all_reduce(torch.ones(11), group=even)
+        # Coalesced collectives: one allreduce_coalesced for both, which the batch's work covers.
+        coalesced = [torch.ones(3), torch.ones(5)]
+        with dist._coalescing_manager(device=torch.device("cpu"), async_ops=True) as manager:
+            for tensor in coalesced:
+                dist.all_reduce(tensor)
+        manager.wait()
     path = os.path.join(ctx.scratch, f"profiler_comms_rank{rank}.json")
     prof.export_chrome_trace(path)
     with open(path) as f:
         trace = json.load(f)["traceEvents"]
     events = [{k: e["args"].get(k) for k in FIELDS} for e in trace if e.get("name") == "record_param_comms"]
     spans = sorted({e["name"] for e in trace if e.get("name", "").startswith("torus:")})
+    if any(not torch.equal(t, torch.full_like(t, world)) for t in coalesced):
+        raise AssertionError(f"the coalesced all_reduce gave {coalesced}")
     return {"events": events,
             "spans": spans, "world": dist.group.WORLD.group_name,
             "even": even.group_name if member else None}
@@ -74,6 +82,8 @@ def _expected(rank, world):
         expected.append({"Collective name": "allreduce", "In msg nelems": 11, "Out msg nelems": 11, "dtype": "Float",
                          "Group size": len(even), "Process Group Ranks": str(even), "Global rank start": 0,
                          "Global rank stride": 2})
+    expected.append({"Collective name": "allreduce_coalesced", "In msg nelems": 8, "Out msg nelems": 8,
+                     "dtype": "Float", "Group size": world, "Process Group Ranks": everyone})
     return expected
 
 
@@ -98,8 +108,8 @@ def test_record_param_comms_events(world):
         names = {e["Process Group Name"] for e in collectives if e["Group size"] == world}
         if names != {result["world"]}:
             problems.append(f"rank {rank}: group names {names}, expected {result['world']!r}")
-        if result["even"] is not None and collectives[-1]["Process Group Name"] != result["even"]:
-            problems.append(f"rank {rank}: the subgroup's event names {collectives[-1]['Process Group Name']!r}, "
+        if result["even"] is not None and collectives[-2]["Process Group Name"] != result["even"]:
+            problems.append(f"rank {rank}: the subgroup's event names {collectives[-2]['Process Group Name']!r}, "
                             f"expected {result['even']!r}")
         # The spans named for the algorithm that ran stay beside the events.
         for span in ("torus:all_reduce", "torus:broadcast", "torus:coalesced"):

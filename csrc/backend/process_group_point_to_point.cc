@@ -102,6 +102,7 @@ void ProcessGroupTorus::startCoalescing() {
   std::lock_guard<std::mutex> lock(batchMutex_);
   // A batch still open is one whose issue raised before its end: none of it was posted.
   batch_.emplace();
+  batching_.store(true, std::memory_order_relaxed);
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupTorus::endCoalescing() {
@@ -111,13 +112,14 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupTorus::endCoalescing() {
     TORUS_CHECK(batch_, "endCoalescing called without startCoalescing (group '", groupName_, "')");
     batch = std::move(*batch_);
     batch_.reset();
+    batching_.store(false, std::memory_order_relaxed);
   }
   if (batch.refused) {
     std::rethrow_exception(batch.refused);
   }
   CommsEvent event;
-  if (event.active()) {
-    // In: what the batch sends; out: what it receives.
+  if (!batch.posts.empty() && event.active()) {
+    // In: what the batch sends; out: what it receives. (A collective issued in the batch has its own.)
     const at::ScalarType dtype = !batch.sent.empty()       ? batch.sent[0].scalar_type()
                                 : !batch.received.empty() ? batch.received[0].scalar_type()
                                                           : at::kByte;
@@ -126,7 +128,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupTorus::endCoalescing() {
                           totalNumel(batch.received), dtype, {}, {}, true},
                 batch.sent, batch.received);
   }
-  std::vector<c10::intrusive_ptr<c10d::Work>> works;
+  std::vector<c10::intrusive_ptr<c10d::Work>> works = std::move(batch.collectives);
   for (PostP2P& post : batch.posts) {
     works.push_back(post(true));
   }

@@ -163,9 +163,17 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupTorus::submit(const CallDescription& 
   std::shared_ptr<DeviceCall> device = devices_->begin(outputs, inputs, collectiveName(call.type));
   const bool mayRunHere = !options.asyncOp &&
                           std::max(totalBytesOf(outputs), totalBytesOf(inputs)) <= config_.inlineBytes;
-  return executor_->enqueue(call, std::move(outputs), std::move(inputs),
-                            options.timeout == c10d::kUnsetTimeout ? timeout_.load() : options.timeout,
-                            std::move(body), std::move(device), mayRunHere);
+  auto work = executor_->enqueue(call, std::move(outputs), std::move(inputs),
+                                 options.timeout == c10d::kUnsetTimeout ? timeout_.load() : options.timeout,
+                                 std::move(body), std::move(device), mayRunHere);
+  if (batching_.load(std::memory_order_relaxed)) {
+    // Issued inside a batch (torch's _coalescing_manager with a device): the batch's work covers it.
+    std::lock_guard<std::mutex> lock(batchMutex_);
+    if (batch_) {
+      batch_->collectives.push_back(work);
+    }
+  }
+  return work;
 }
 
 } // namespace torus

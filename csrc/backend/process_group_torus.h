@@ -122,7 +122,8 @@ class ProcessGroupTorus : public c10d::Backend {
   // batch_isend_irecv: the sends and receives issued between the two calls are checked as they
   // come and posted together by endCoalescing (none of them when one was refused: it raises that
   // op's error), which returns one work for them all and gives the batch one record_param_comms
-  // event with its totals.
+  // event with its totals. Collectives issued meanwhile run as usual; the batch's work covers them
+  // too.
   bool supportsCoalescing() const override {
     return true;
   }
@@ -232,9 +233,11 @@ class ProcessGroupTorus : public c10d::Backend {
     std::vector<at::Tensor> sent;
     std::vector<at::Tensor> received;
     std::exception_ptr refused; // the first op refused: endCoalescing raises it and posts nothing
+    std::vector<c10::intrusive_ptr<c10d::Work>> collectives; // issued meanwhile, run as usual
   };
   std::mutex batchMutex_;
   std::optional<P2PBatch> batch_;
+  std::atomic<bool> batching_{false}; // batch_ is open: a collective's check without the lock
   std::atomic<uint64_t> monitoredBarriers_{0}; // monitored barriers called, each with tags of its own
   // torch.ops.torus's way to this group; released first when the group goes.
   std::unique_ptr<DirectRegistration> direct_;
