@@ -121,6 +121,7 @@ PYBIND11_MODULE(_C, module) {
                              py::arg("other_host_messages") = t.otherHostMessages);
            })
       .def("reset_traffic", &torus::ProcessGroupTorus::resetTraffic)
+      .def("set_global_ranks", &torus::ProcessGroupTorus::setGlobalRanks, py::arg("ranks"))
       .def("dump_trace", &torus::ProcessGroupTorus::dumpTrace, py::arg("reason"),
            py::call_guard<py::gil_scoped_release>());
   module.def("shut_down_groups", &torus::ProcessGroupTorus::shutDownAll, py::call_guard<py::gil_scoped_release>(),

@@ -167,8 +167,8 @@ GAPS: List[Gap] = [
                "receiver, which here never comes",
         observed=r"the case failed.*HUNG"),
     Gap("gloo", ("bad_args.batch_isend_irecv.bad_second_op",),
-        reason="as torus: without coalescing, torch posts a batch's ops one by one, so the good isend "
-               "before the refused op has gone out",
+        reason="gloo has no coalescing, so torch posts a batch's ops one by one and the good isend before "
+               "the refused op has gone out (torus checks a batch whole before posting any of it)",
         observed=r"the case failed.*HUNG|ring (irecv|isend|receive)|after the bad call failed"),
     # ------------------------------------------- CUDA tensors (test_cuda.py, keys "cuda.*"), gloo
     # Read from torch's ProcessGroupGloo sources and backend table; not yet confirmed on a GPU

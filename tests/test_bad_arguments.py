@@ -769,8 +769,6 @@ def test_bad_argument(backend, world_size, name):
     gap = expectations.gap(backend, f"bad_args.{name}", world_size=world_size)
     if gap is not None and gap.skip:
         pytest.skip(str(gap))
-    if gap is None:
-        gap = KNOWN_TORUS_DEFECTS.get(name) if backend.startswith("torus") else None
     try:
         found = harness.problems(harness.run(backend, world_size, _case_bad, name, timeout=CASE_BOUND_S))
     except harness.CaseFailure as failure:  # a rank raised outside the checks, died or hung
@@ -778,16 +776,3 @@ def test_bad_argument(backend, world_size, name):
     if found:  # whatever happened, do not hand a group that may be out of step to the next test
         harness.discard_pool(backend, world_size)
     harness.conclude(found, gap, f"{backend} world_size={world_size}")
-
-
-# Defects of torus that need more than argument checks, each run and confirmed like a table
-# entry (it must fail this way; passing turns it into a failure: drop the entry then).
-KNOWN_TORUS_DEFECTS = {
-    "batch_isend_irecv.bad_second_op": expectations.Gap(
-        "torus", ("bad_args.batch_isend_irecv.bad_second_op",),
-        reason="torus has no coalescing (supports_coalescing is False), so torch's batch_isend_irecv "
-               "posts each op as it goes: a good isend before a refused op has already left, and the "
-               "peer's next receive from this rank gets it. Needs ProcessGroupTorus "
-               "startCoalescing/endCoalescing that check the whole batch before posting any of it.",
-        observed=r"ring (irecv|isend|receive)|all_reduce after the bad call failed"),
-}

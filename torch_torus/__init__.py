@@ -115,7 +115,9 @@ def _create_backend(dist_options, pg_options) -> _C.ProcessGroupTorus:
               f"auto allreduce from {values['tuning_file'] if tuned else model}; "
               f"algorithms {describe(tables)}", file=sys.stderr, flush=True)
     config.trace_dir = trace_directory(values["trace_dir"], name, epoch)
-    return _C.ProcessGroupTorus(store, rank, size, dist_options.timeout, config, name)
+    group = _C.ProcessGroupTorus(store, rank, size, dist_options.timeout, config, name)
+    group.set_global_ranks(list(dist_options.global_ranks_in_group))
+    return group
 
 
 def _failure_text(error: Exception) -> str:

@@ -34,41 +34,53 @@ const char* CallDescription::title() const {
   return title.c_str();
 }
 
-const char* collectiveName(c10d::OpType type) {
-  switch (type) {
-    case c10d::OpType::BROADCAST:
-      return "broadcast";
-    case c10d::OpType::ALLREDUCE:
-      return "all_reduce";
-    case c10d::OpType::ALLREDUCE_COALESCED:
-      return "all_reduce_coalesced";
-    case c10d::OpType::REDUCE:
-      return "reduce";
-    case c10d::OpType::ALLGATHER:
-      return "all_gather";
-    case c10d::OpType::_ALLGATHER_BASE:
-      return "all_gather_into_tensor";
-    case c10d::OpType::ALLGATHER_COALESCED:
-      return "all_gather_coalesced";
-    case c10d::OpType::COALESCED:
-      return "all_gather_into_tensor_coalesced";
-    case c10d::OpType::GATHER:
-      return "gather";
-    case c10d::OpType::SCATTER:
-      return "scatter";
-    case c10d::OpType::REDUCE_SCATTER:
-      return "reduce_scatter";
-    case c10d::OpType::_REDUCE_SCATTER_BASE:
-      return "reduce_scatter_tensor";
-    case c10d::OpType::ALLTOALL_BASE:
-      return "all_to_all_single";
-    case c10d::OpType::ALLTOALL:
-      return "all_to_all";
-    case c10d::OpType::BARRIER:
-      return "barrier";
-    default:
-      return "a collective";
+namespace {
+
+// Each collective's names: torch.distributed's, and ProcessGroupNCCL's (which record_param_comms
+// events carry and trace tools match).
+struct CollectiveNames {
+  c10d::OpType type;
+  const char* torch;
+  const char* nccl;
+};
+
+constexpr CollectiveNames kCollectiveNames[] = {
+    {c10d::OpType::BROADCAST, "broadcast", "broadcast"},
+    {c10d::OpType::ALLREDUCE, "all_reduce", "allreduce"},
+    {c10d::OpType::ALLREDUCE_COALESCED, "all_reduce_coalesced", "allreduce_coalesced"},
+    {c10d::OpType::REDUCE, "reduce", "reduce"},
+    {c10d::OpType::ALLGATHER, "all_gather", "all_gather"},
+    {c10d::OpType::_ALLGATHER_BASE, "all_gather_into_tensor", "_allgather_base"},
+    {c10d::OpType::ALLGATHER_COALESCED, "all_gather_coalesced", "allgather_coalesced"},
+    {c10d::OpType::COALESCED, "all_gather_into_tensor_coalesced", "allgather_into_tensor_coalesced"},
+    {c10d::OpType::GATHER, "gather", "gather"},
+    {c10d::OpType::SCATTER, "scatter", "scatter"},
+    {c10d::OpType::REDUCE_SCATTER, "reduce_scatter", "reduce_scatter"},
+    {c10d::OpType::_REDUCE_SCATTER_BASE, "reduce_scatter_tensor", "_reduce_scatter_base"},
+    {c10d::OpType::ALLTOALL_BASE, "all_to_all_single", "all_to_allv"},
+    {c10d::OpType::ALLTOALL, "all_to_all", "all_to_all"},
+    {c10d::OpType::BARRIER, "barrier", "barrier"},
+};
+
+const CollectiveNames* namesOf(c10d::OpType type) {
+  for (const CollectiveNames& names : kCollectiveNames) {
+    if (names.type == type) {
+      return &names;
+    }
   }
+  return nullptr;
+}
+
+} // namespace
+
+const char* collectiveName(c10d::OpType type) {
+  const CollectiveNames* names = namesOf(type);
+  return names ? names->torch : "a collective";
+}
+
+const char* ncclCollectiveName(c10d::OpType type) {
+  const CollectiveNames* names = namesOf(type);
+  return names ? names->nccl : "collective";
 }
 
 const char* reduceOpName(c10d::ReduceOp::RedOpType op) {

@@ -35,6 +35,9 @@ struct CallDescription {
 
 // torch.distributed's name of a collective ("all_gather_into_tensor").
 const char* collectiveName(c10d::OpType type);
+// ProcessGroupNCCL's name of a collective ("_allgather_base"), as record_param_comms events
+// carry it.
+const char* ncclCollectiveName(c10d::OpType type);
 // c10d's name of a reduction ("SUM").
 const char* reduceOpName(c10d::ReduceOp::RedOpType op);
 // "all_reduce of 4000 bytes float32 (sum, ring)", from a signature read off the wire.

@@ -5,17 +5,27 @@
 // Field names follow torch's flight recorder where it has one (record_id, collective_seq_id,
 // profiling_name, input_sizes, state, time_created_ns, ...).
 //
-// Recording is a short critical section per state change and no allocation beyond the shapes:
-// the ring's entries are reused.
+// Recording is cheap enough for every call (BENCHMARKS.md): a ring of fixed-size entries, reused,
+// that hold ids, enums and the shapes inline (a call of more than kInlineTensors tensors or
+// kInlineDims dimensions a side keeps them beside, under a lock); one read of the CPU's time-stamp
+// counter per state change (torch's profiler's clock), turned into times since the epoch at the
+// dump; no lock. Each entry has a version: a writer makes it odd while it writes (one writer at a
+// time per entry), and the dump copies an entry and keeps the copy only if the version was even
+// and unchanged. Strings are built at the dump; a failure's text is kept beside, under a lock.
 #pragma once
 
+#include <array>
+#include <atomic>
 #include <cstdint>
-#include <functional>
+#include <deque>
+#include <memory>
 #include <mutex>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include <ATen/ATen.h>
+#include <c10/util/ApproximateClock.h>
 
 namespace torus {
 
@@ -25,7 +35,7 @@ class FlightRecorder {
   FlightRecorder(size_t capacity, std::string dir, int rank, int size, std::string groupName);
 
   struct Call {
-    const char* profilingName;
+    const char* profilingName; // lives forever (CallDescription::title)
     bool p2p = false;
     at::ScalarType dtype = at::kByte;
     int rootOrPeer = -1;
@@ -34,8 +44,7 @@ class FlightRecorder {
   bool enabled() const {
     return capacity_ != 0;
   }
-  // The record's id; 0 when off. The shapes are copied into the ring's reused entry: no
-  // allocation once the ring has gone round.
+  // The record's id; 0 when off.
   uint64_t record(const Call& call, const std::vector<at::Tensor>& inputs, const std::vector<at::Tensor>& outputs);
   // The record started as collective (or point-to-point call) number `seq`.
   void started(uint64_t id, uint64_t seq);
@@ -50,30 +59,74 @@ class FlightRecorder {
     return dir_;
   }
 
+  static constexpr size_t kInlineTensors = 4;
+  static constexpr size_t kInlineDims = 4;
+
  private:
-  enum class State { kScheduled, kStarted, kCompleted, kFailed };
-  struct Entry {
-    uint64_t id = 0;
-    uint64_t seq = 0;
-    Call call;
-    std::vector<std::vector<int64_t>> inputSizes;
-    std::vector<std::vector<int64_t>> outputSizes;
-    State state = State::kScheduled;
-    int64_t createdNs = 0;
-    int64_t startedNs = 0;
-    int64_t completedNs = 0;
-    std::string error;
+  enum class State : uint8_t { kScheduled, kStarted, kCompleted, kFailed };
+  // One side's shapes: how many tensors, each one's number of dimensions (4 bits each) and the
+  // dimensions back to back; `spilled`: kept in Spill instead.
+  struct InlineShapes {
+    std::atomic<uint64_t> layout{0}; // count | ranks << 8 | spilled << 40
+    std::array<std::atomic<int64_t>, kInlineDims> dims{};
   };
-  Entry* find(uint64_t id);
+  // Every field is atomic (read relaxed under the version), so that the dump may copy an entry
+  // while a writer changes it. A call of one tensor a side touches the entry's first two cache
+  // lines only.
+  struct alignas(64) Entry {
+    std::atomic<uint64_t> version{0};
+    std::atomic<uint64_t> id{0};
+    std::atomic<uint64_t> seq{0};
+    std::atomic<const char*> title{nullptr};
+    std::atomic<uint64_t> call{0}; // dtype | p2p << 8 | fromCallback << 9 | state << 10 | rootOrPeer << 32
+    // c10::getApproximateTime(); 0: not yet.
+    std::atomic<uint64_t> created{0};
+    std::atomic<uint64_t> started{0};
+    std::atomic<uint64_t> completed{0};
+    InlineShapes inputs;
+    InlineShapes outputs;
+  };
+  // A plain copy of an entry, for the dump.
+  struct Snapshot {
+    uint64_t id;
+    uint64_t seq;
+    const char* title;
+    uint64_t call;
+    uint64_t created, started, completed;
+    std::vector<std::vector<int64_t>> inputs, outputs;
+  };
+  // The shapes of a call that do not fit inline, by record id.
+  struct Spill {
+    uint64_t id;
+    std::vector<std::vector<int64_t>> inputs, outputs;
+  };
+
+  // Takes `entry` for writing (waits while another writer has it); returns the version to pass
+  // to release().
+  static uint64_t acquire(Entry& entry);
+  static void release(Entry& entry, uint64_t version);
+  // Stores `tensors`' shapes inline; false when they do not fit.
+  static bool storeInline(const std::vector<at::Tensor>& tensors, InlineShapes& into);
+  static std::vector<std::vector<int64_t>> loadInline(const InlineShapes& from);
+  // Copies the entry of record `id`; false when it was overwritten or is being written.
+  bool snapshot(uint64_t id, Snapshot& out);
+  void spill(uint64_t id, const std::vector<at::Tensor>& inputs, const std::vector<at::Tensor>& outputs);
+  // Sets the state of record `id` (and its time `field` to now) if its entry still holds it.
+  void advance(uint64_t id, State state, std::atomic<uint64_t> Entry::*field, uint64_t seq);
 
   const size_t capacity_;
   const std::string dir_;
   const int rank_;
   const int size_;
   const std::string groupName_;
-  std::mutex mutex_;
-  std::vector<Entry> ring_;
-  uint64_t nextId_ = 1;
+  std::unique_ptr<Entry[]> ring_;
+  std::atomic<uint64_t> nextId_{1};
+  // Turns the entries' times into times since the epoch (null when off).
+  std::unique_ptr<c10::ApproximateClockToUnixTimeConverter> clock_;
+  // The rare: spilled shapes and failures' texts, the last `capacity_` of each.
+  std::mutex asideMutex_;
+  std::deque<Spill> spills_;
+  std::deque<std::pair<uint64_t, std::string>> errors_;
 };
 
 } // namespace torus

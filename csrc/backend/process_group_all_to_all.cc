@@ -84,7 +84,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupTorus::alltoall_base(at::Tensor& outp
                        received.lengths);
     writeBack(hostOutput, out);
     staging->copyOut(device);
-  });
+  }, inputSplits, outputSplits);
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupTorus::alltoall(std::vector<at::Tensor>& outputs,

@@ -54,11 +54,22 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupTorus::allreduce(std::vector<at::Tens
 void ProcessGroupTorus::allreduceHere(at::Tensor& tensor, const c10d::ReduceOp& op) {
   checkOutput(tensor, "all_reduce_ tensor");
   auto [call, body] = denseAllreduce(tensor, op);
-  if (!executor_->runHereIfIdle(call, timeout_.load(), body)) {
-    c10d::AllreduceOptions opts;
-    opts.asyncOp = false;
-    submit(call, {tensor}, {tensor}, opts, std::move(body))->wait();
+  {
+    CommsEvent event;
+    if (event.active()) {
+      const std::vector<at::Tensor> tensors{tensor};
+      event.begin(commsGroup(),
+                  describeCollective(call.type, call.dtype, tensors, tensors, size_,
+                                     static_cast<int64_t>(executor_->issued()) + 1, false),
+                  tensors, tensors);
+    }
+    if (executor_->runHereIfIdle(call, timeout_.load(), body)) {
+      return;
+    }
   }
+  c10d::AllreduceOptions opts;
+  opts.asyncOp = false;
+  submit(call, {tensor}, {tensor}, opts, std::move(body))->wait();
 }
 
 std::pair<CallDescription, CollectiveExecutor::Body> ProcessGroupTorus::denseAllreduce(const at::Tensor& tensor,

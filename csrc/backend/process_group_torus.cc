@@ -110,6 +110,31 @@ void ProcessGroupTorus::stopExecutor(bool abortPending) {
   executor_->stop(abortPending);
 }
 
+CommsGroup ProcessGroupTorus::commsGroup() const {
+  // torch names the group after creating it (ProcessGroup._set_group_name), with the name it
+  // was created under.
+  const std::string& name = getGroupUid();
+  return CommsGroup{name.empty() ? groupName_ : name, getGroupDesc(), rank_, size_, globalRankStart_,
+                    globalRankStride_};
+}
+
+void ProcessGroupTorus::setGlobalRanks(const std::vector<int64_t>& ranks) {
+  // As ProcessGroupNCCL reads global_ranks_in_group.
+  globalRankStart_ = ranks.empty() ? 0 : static_cast<int>(ranks[0]);
+  if (ranks.size() < 2) {
+    globalRankStride_ = ranks.empty() ? 1 : 0;
+    return;
+  }
+  const int64_t stride = ranks[1] - ranks[0];
+  globalRankStride_ = static_cast<int>(stride);
+  for (size_t i = 0; i < ranks.size(); ++i) {
+    if (ranks[i] != ranks[0] + static_cast<int64_t>(i) * stride) {
+      globalRankStride_ = -1;
+      return;
+    }
+  }
+}
+
 uint64_t ProcessGroupTorus::getSequenceNumberForGroup() {
   return executor_->issued();
 }
@@ -125,14 +150,30 @@ void ProcessGroupTorus::abort() {
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupTorus::submit(const CallDescription& call, std::vector<at::Tensor> outputs,
                                                          std::vector<at::Tensor> inputs, CallOptions options,
-                                                         CollectiveExecutor::Body body) {
+                                                         CollectiveExecutor::Body body, c10::ArrayRef<int64_t> inSplits,
+                                                         c10::ArrayRef<int64_t> outSplits) {
   checkTimeout(options.timeout, collectiveName(call.type));
+  CommsEvent event;
+  if (event.active()) {
+    event.begin(commsGroup(),
+                describeCollective(call.type, call.dtype, inputs, outputs, size_,
+                                   static_cast<int64_t>(executor_->issued()) + 1, options.asyncOp, inSplits, outSplits),
+                inputs, outputs);
+  }
   std::shared_ptr<DeviceCall> device = devices_->begin(outputs, inputs, collectiveName(call.type));
   const bool mayRunHere = !options.asyncOp &&
                           std::max(totalBytesOf(outputs), totalBytesOf(inputs)) <= config_.inlineBytes;
-  return executor_->enqueue(call, std::move(outputs), std::move(inputs),
-                            options.timeout == c10d::kUnsetTimeout ? timeout_.load() : options.timeout,
-                            std::move(body), std::move(device), mayRunHere);
+  auto work = executor_->enqueue(call, std::move(outputs), std::move(inputs),
+                                 options.timeout == c10d::kUnsetTimeout ? timeout_.load() : options.timeout,
+                                 std::move(body), std::move(device), mayRunHere);
+  if (batching_.load(std::memory_order_relaxed)) {
+    // Issued inside a batch (torch's _coalescing_manager with a device): the batch's work covers it.
+    std::lock_guard<std::mutex> lock(batchMutex_);
+    if (batch_) {
+      batch_->collectives.push_back(work);
+    }
+  }
+  return work;
 }
 
 } // namespace torus

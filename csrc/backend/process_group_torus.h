@@ -14,9 +14,12 @@
 
 #include <atomic>
 #include <chrono>
+#include <functional>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
+#include <vector>
 
 #include <torch/csrc/distributed/c10d/Backend.hpp>
 #include <torch/csrc/distributed/c10d/Store.hpp>
@@ -24,6 +27,7 @@
 #include "backend/algorithm_dispatch.h"
 #include "backend/arrival_board.h"
 #include "backend/collective_executor.h"
+#include "backend/comms_event.h"
 #include "backend/device_support.h"
 #include "backend/direct_ops.h"
 #include "backend/reduction.h"
@@ -115,6 +119,20 @@ class ProcessGroupTorus : public c10d::Backend {
   c10::intrusive_ptr<c10d::Work> recv(std::vector<at::Tensor>& tensors, int srcRank, int tag) override;
   c10::intrusive_ptr<c10d::Work> recvAnysource(std::vector<at::Tensor>& tensors, int tag) override;
 
+  // batch_isend_irecv: the sends and receives issued between the two calls are checked as they
+  // come and posted together by endCoalescing (none of them when one was refused: it raises that
+  // op's error), which returns one work for them all and gives the batch one record_param_comms
+  // event with its totals. Collectives issued meanwhile run as usual; the batch's work covers them
+  // too.
+  bool supportsCoalescing() const override {
+    return true;
+  }
+  void startCoalescing() override;
+  c10::intrusive_ptr<c10d::Work> endCoalescing() override;
+  // The group's ranks in the world (torch's global_ranks_in_group; empty for the world), which
+  // record_param_comms events give as a start and a stride.
+  void setGlobalRanks(const std::vector<int64_t>& ranks);
+
   void setSequenceNumberForGroup() override {}
   uint64_t getSequenceNumberForGroup() override;
 
@@ -143,9 +161,13 @@ class ProcessGroupTorus : public c10d::Backend {
   };
   // Checks the per-call timeout and hands the call to the executor: to run on this thread when
   // the caller waits for it and it is at most TORUS_INLINE_BYTES, else queued.
+  // `inSplits`, `outSplits`: all_to_all_single's split sizes, for its record_param_comms event.
   c10::intrusive_ptr<c10d::Work> submit(const CallDescription& call, std::vector<at::Tensor> outputs,
                                         std::vector<at::Tensor> inputs, CallOptions options,
-                                        CollectiveExecutor::Body body);
+                                        CollectiveExecutor::Body body, c10::ArrayRef<int64_t> inSplits = {},
+                                        c10::ArrayRef<int64_t> outSplits = {});
+  // The group as record_param_comms events name it.
+  CommsGroup commsGroup() const;
   // Allgather of byte blocks: every rank contributes `mine` (the same length on every rank);
   // returns world-size blocks back to back.
   at::Tensor allgatherBytes(Comm& comm, const at::Tensor& mine);
@@ -170,9 +192,15 @@ class ProcessGroupTorus : public c10d::Backend {
   // Allgathers `buffer` (contiguous) in `blocks` in place, on the host or on `device`.
   void allgatherBuffer(Algorithm algorithm, Comm& comm, DeviceCall* device, at::Tensor& buffer,
                        const Blocks& blocks);
-  // A send or receive posted to the transport, as a work.
+  // A send or receive posted to the transport, as a work. `batched`: one of a batch, which
+  // endCoalescing gives the record_param_comms event.
   c10::intrusive_ptr<c10d::Work> postPointToPoint(c10d::OpType type, const char* title, int peer, int tag,
-                                                  at::Tensor& tensor, const std::string& what);
+                                                  at::Tensor& tensor, const std::string& what, bool batched);
+  using PostP2P = std::function<c10::intrusive_ptr<c10d::Work>(bool batched)>;
+  // Checks a send or receive of `tensor` (`check` raises) and posts it; in a batch, only checks it
+  // and keeps `post` for endCoalescing.
+  c10::intrusive_ptr<c10d::Work> issuePointToPoint(c10d::OpType type, const at::Tensor& tensor,
+                                                   const std::function<void()>& check, PostP2P post);
   // "torus:send to rank 2 tag 0, p2p #3 (rank 0, group '5')" for the call numbered `number`.
   std::string p2pContext(const std::string& what, uint64_t number);
   // Ends the executor (shutdown, abort, shutDownAll, the destructor): one thread at a time.
@@ -196,6 +224,20 @@ class ProcessGroupTorus : public c10d::Backend {
   // The process that created the group: a child forked since has its memory but not its threads.
   const pid_t process_;
   std::atomic<uint64_t> p2pIssued_{0}; // sends and receives issued, to number them in errors
+  // Where the group's ranks lie in the world, for record_param_comms events.
+  int globalRankStart_ = 0;
+  int globalRankStride_ = 1;
+  // The sends and receives between startCoalescing and endCoalescing, checked, in issue order.
+  struct P2PBatch {
+    std::vector<PostP2P> posts;
+    std::vector<at::Tensor> sent;
+    std::vector<at::Tensor> received;
+    std::exception_ptr refused; // the first op refused: endCoalescing raises it and posts nothing
+    std::vector<c10::intrusive_ptr<c10d::Work>> collectives; // issued meanwhile, run as usual
+  };
+  std::mutex batchMutex_;
+  std::optional<P2PBatch> batch_;
+  std::atomic<bool> batching_{false}; // batch_ is open: a collective's check without the lock
   std::atomic<uint64_t> monitoredBarriers_{0}; // monitored barriers called, each with tags of its own
   // torch.ops.torus's way to this group; released first when the group goes.
   std::unique_ptr<DirectRegistration> direct_;

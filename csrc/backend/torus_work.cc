@@ -255,4 +255,61 @@ int TorusP2PWork::sourceRank() const {
   return request_->peer();
 }
 
+bool TorusBatchedOpWork::wait(std::chrono::milliseconds) {
+  TORCH_CHECK(false, "torus: this ", c10d::opTypeToString(retrieveOpType()),
+              " is part of a batch (startCoalescing): wait for the work endCoalescing returned");
+}
+
+TorusBatchWork::TorusBatchWork(int rank, std::vector<c10::intrusive_ptr<c10d::Work>> works)
+    : c10d::Work(rank, c10d::OpType::COALESCED, "torus:coalesced"), works_(std::move(works)) {
+  future_ = makeTensorListFuture();
+  const std::vector<at::Tensor> tensors = result();
+  if (works_.empty()) {
+    future_->markCompleted(c10::IValue(tensors));
+  }
+  // Completes with the last of them, or fails with the first failure.
+  auto remaining = std::make_shared<std::atomic<size_t>>(works_.size());
+  for (const auto& work : works_) {
+    work->getFuture()->addCallback([future = future_, remaining, tensors](c10::ivalue::Future& done) {
+      if (done.hasError()) {
+        future->setErrorIfNeeded(done.exception_ptr());
+      }
+      if (--*remaining == 0 && !future->completed()) {
+        future->markCompleted(c10::IValue(tensors));
+      }
+    });
+  }
+}
+
+bool TorusBatchWork::isCompleted() {
+  bool done = true;
+  for (const auto& work : works_) {
+    done = work->isCompleted() && done;
+  }
+  return done;
+}
+
+bool TorusBatchWork::wait(std::chrono::milliseconds timeout) {
+  try {
+    for (const auto& work : works_) {
+      work->wait(timeout);
+    }
+  } catch (...) {
+    finish(std::current_exception());
+    throw;
+  }
+  finish();
+  return true;
+}
+
+std::vector<at::Tensor> TorusBatchWork::result() {
+  std::vector<at::Tensor> tensors;
+  for (const auto& work : works_) {
+    for (at::Tensor& tensor : work->result()) {
+      tensors.push_back(tensor);
+    }
+  }
+  return tensors;
+}
+
 } // namespace torus

@@ -1,5 +1,6 @@
 // The Work objects ProcessGroupTorus returns: TorusWork for collectives run on the group's
-// worker thread, TorusP2PWork for sends and receives posted straight to the transport.
+// worker thread, TorusP2PWork for sends and receives posted straight to the transport,
+// TorusBatchWork for a batch of them (batch_isend_irecv), TorusBatchedOpWork for one op of it.
 #pragma once
 
 #include <atomic>
@@ -175,6 +176,32 @@ class TorusP2PWork : public c10d::Work {
   std::shared_ptr<FlightRecorder> recorder_;
   const uint64_t recordId_;
   std::atomic<bool> settled_{false};
+  c10::intrusive_ptr<c10::ivalue::Future> future_;
+};
+
+// What a send or receive issued inside a batch (between startCoalescing and endCoalescing)
+// returns: the batch posts it, and endCoalescing's work is the one to wait for.
+class TorusBatchedOpWork : public c10d::Work {
+ public:
+  TorusBatchedOpWork(int rank, c10d::OpType opType) : c10d::Work(rank, opType) {}
+  bool wait(std::chrono::milliseconds timeout) override;
+};
+
+// The work of the calls issued between startCoalescing and endCoalescing: done when each is;
+// wait() waits for each in turn and raises the first failure.
+class TorusBatchWork : public c10d::Work {
+ public:
+  TorusBatchWork(int rank, std::vector<c10::intrusive_ptr<c10d::Work>> works);
+
+  bool isCompleted() override;
+  bool wait(std::chrono::milliseconds timeout) override;
+  std::vector<at::Tensor> result() override;
+  c10::intrusive_ptr<c10::ivalue::Future> getFuture() override {
+    return future_;
+  }
+
+ private:
+  std::vector<c10::intrusive_ptr<c10d::Work>> works_;
   c10::intrusive_ptr<c10::ivalue::Future> future_;
 };
 
