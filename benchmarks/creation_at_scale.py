@@ -126,9 +126,12 @@ def _barrier(client: dist.Store, size: int, name: str) -> None:
 PHASES = ("floor 1", "creation", "floor 2", "re-creation")
 
 
-def _simulated_rank(rank: int, size: int, client: dist.Store, shared: dict[str, str], out: dict,
-                    errors: list) -> None:
+def _simulated_rank(rank: int, size: int, port: int, connecting: threading.Semaphore, shared: dict[str, str],
+                    out: dict, errors: list) -> None:
     try:
+        with connecting:
+            client = dist.TCPStore("127.0.0.1", port, is_master=False, wait_for_workers=False,
+                                   timeout=datetime.timedelta(seconds=TIMEOUT_S))
         for phase in PHASES:
             counting = CountingStore(client)
             _barrier(client, size, phase)
@@ -150,12 +153,10 @@ def _process(index: int, processes: int, size: int, port: int, results) -> None:
     shared = shared_values(resolve(), {})
     out: dict = {}
     errors: list[str] = []
-    # One connection at a time: thousands at once overflow the server's listen backlog.
-    ranks = range(index, size, processes)
-    clients = [dist.TCPStore("127.0.0.1", port, is_master=False, wait_for_workers=False,
-                             timeout=datetime.timedelta(seconds=TIMEOUT_S)) for _ in ranks]
-    threads = [threading.Thread(target=_simulated_rank, args=(r, size, c, shared, out, errors))
-               for r, c in zip(ranks, clients)]
+    # A few connections at a time: thousands at once overflow the server's listen backlog.
+    connecting = threading.Semaphore(16)
+    threads = [threading.Thread(target=_simulated_rank, args=(r, size, port, connecting, shared, out, errors))
+               for r in range(index, size, processes)]
     for thread in threads:
         thread.start()
     for thread in threads:
