@@ -8,6 +8,7 @@ share a host name while they cannot share loopback or reach each other's process
 
 from __future__ import annotations
 
+import datetime
 import ipaddress
 import json
 import math
@@ -140,51 +141,92 @@ def meet(store, rank: int, size: int, identity: str, address: str = "", ifname: 
 # The keys of the agreement on a group's epoch, the only ones a group reads that an earlier group
 # of the same name (an earlier attempt under torchrun, whose agent keeps its store across
 # restarts; a group destroyed and created again on the same store) may have left.
-_EPOCH_KEY = "torus/epoch"
+_ARRIVALS_KEY = "torus/epoch/arrivals"
+# What rank 0 adds to the arrivals counter (every other rank adds 1): the counter's value divided
+# by it counts the rank 0s that ever arrived, which numbers their generations.
+RANK0_ARRIVAL = 1 << 40
+# A generation's result when a later rank 0 arrived before its own rank 0 closed it.
+SUPERSEDED = "superseded"
+
+
+def _generation_key(generation: int, name: str) -> str:
+    return f"torus/epoch/{generation}/{name}"
 
 
 def agree_epoch(store, rank: int, size: int, timeout: float) -> str:
-    """A name no earlier group on this store has used, agreed by every rank of this one: rank 0
-    draws it at random and publishes it; each other rank answers with the epoch it read and a
-    nonce of its own, and goes on once rank 0 has confirmed exactly that answer. An epoch or an
-    answer left by an earlier group is never confirmed (its nonce or epoch differs), so a rank
-    that read one reads again. Every other key of the group lives under torus/<epoch>/. Raises
-    TimeoutError naming the ranks that did not answer within `timeout` seconds."""
+    """A name no earlier group on this store has used, agreed by every rank of this one, in O(1)
+    store operations per rank, each either immediate or a blocking wait (no polling).
+
+    Every arrival adds to one counter: rank 0 a large constant, the others 1, so the value tells
+    each arriving rank how many rank 0s have arrived, which numbers the generations. A rank joins
+    generation g only once g's rank 0 had arrived (the counter said so, or a later key that only
+    that rank 0 sets): so every rank that joins g is a contemporary of g's rank 0, never a rank
+    of an earlier attempt whose rank 0 is gone. Generation g's rank 0 waits until size - 1 ranks
+    joined, then sets g's result to the epoch; a later rank 0 sets it to SUPERSEDED first when g's
+    rank 0 never did (it died), and its ranks join the next generation. The result is set with
+    compare_set, so it is one or the other, once. A rank that finds g full already (an earlier
+    group of this name completed it) waits for the next rank 0. Every other key of the group lives
+    under torus/<epoch>/. Raises TimeoutError naming the ranks that did not join within `timeout`
+    seconds."""
     if size == 1:
         return secrets.token_hex(8)
     deadline = time.monotonic() + timeout
-    pause = 0.0005
     if rank == 0:
-        epoch = secrets.token_hex(8)
-        store.set(_EPOCH_KEY, epoch)
-        pending = set(range(1, size))
-        while pending:
-            for r in sorted(pending):
-                key = f"{_EPOCH_KEY}/answer/{r}"
-                if store.check([key]) and bytes(store.get(key)).decode().startswith(epoch + " "):
-                    store.set(f"{_EPOCH_KEY}/confirmed/{r}", store.get(key))
-                    pending.discard(r)
-            if pending:
-                if time.monotonic() > deadline:
-                    raise TimeoutError(f"ranks {sorted(pending)} did not join within {timeout:g} s")
-                time.sleep(pause)
-                pause = min(pause * 2, 0.02)
+        generation = store.add(_ARRIVALS_KEY, RANK0_ARRIVAL) // RANK0_ARRIVAL
+        store.set(_generation_key(generation - 1, "next"), "")
+        if generation > 1:
+            store.compare_set(_generation_key(generation - 1, "result"), "", SUPERSEDED)
+        try:
+            wait_for_key(store, _generation_key(generation, "full"), deadline)
+        except TimeoutError:
+            joined = [r for r in range(1, size) if store.check([_generation_key(generation, f"rank/{r}")])]
+            missing = sorted(set(range(1, size)) - set(joined))
+            raise TimeoutError(f"ranks {missing} did not join within {timeout:g} s") from None
+        epoch = f"{generation}-{secrets.token_hex(8)}"
+        store.compare_set(_generation_key(generation, "result"), "", epoch)
         return epoch
-    nonce = secrets.token_hex(8)
-    answered = None
+    try:
+        return _join(store, rank, size, deadline)
+    except TimeoutError:
+        raise TimeoutError(f"rank 0 did not confirm rank {rank}'s joining within {timeout:g} s") from None
+
+
+def _join(store, rank: int, size: int, deadline: float) -> str:
+    """agree_epoch on a rank other than 0: the epoch of the generation it joined."""
+    generation = store.add(_ARRIVALS_KEY, 1) // RANK0_ARRIVAL
     while True:
-        if store.check([_EPOCH_KEY]):
-            epoch = bytes(store.get(_EPOCH_KEY)).decode()
-            if epoch != answered:
-                store.set(f"{_EPOCH_KEY}/answer/{rank}", f"{epoch} {nonce}")
-                answered = epoch
-            confirmed = f"{_EPOCH_KEY}/confirmed/{rank}"
-            if store.check([confirmed]) and bytes(store.get(confirmed)).decode() == f"{epoch} {nonce}":
-                return epoch
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"rank 0 did not confirm rank {rank}'s joining within {timeout:g} s")
-        time.sleep(pause)
-        pause = min(pause * 2, 0.02)
+        if generation > 0:
+            store.set(_generation_key(generation, f"rank/{rank}"), "")
+            place = store.add(_generation_key(generation, "count"), 1)
+            if place == size - 1:
+                store.set(_generation_key(generation, "full"), "")
+            if place < size:
+                result = wait_for_key(store, _generation_key(generation, "result"), deadline, read=True)
+                if result != SUPERSEDED:
+                    return result
+                generation += 1
+                continue
+        # No rank 0 had arrived, or the generation's rank 0 has its ranks already: this rank's
+        # rank 0 is a later one.
+        wait_for_key(store, _generation_key(generation, "next"), deadline)
+        generation += 1
+
+
+def wait_for_key(store, key: str, deadline: float, read: bool = False) -> str | None:
+    """Blocks until `key` is set (and returns its value when `read`), or raises TimeoutError at
+    `deadline` (time.monotonic())."""
+    import torch.distributed as dist
+
+    left = deadline - time.monotonic()
+    try:
+        if left <= 0:
+            raise TimeoutError
+        store.wait([key], datetime.timedelta(seconds=left))
+    except (TimeoutError, dist.DistStoreError, RuntimeError) as error:
+        if isinstance(error, TimeoutError) or "timeout" in str(error).lower():
+            raise TimeoutError(f"{key} was not set in time") from None
+        raise
+    return bytes(store.get(key)).decode() if read else None
 
 
 def rendezvous_environ(store, environ: Mapping[str, str] | None = None) -> Mapping[str, str]:
