@@ -1,9 +1,9 @@
 """Group creation's store traffic at scale, simulated: `--ranks` ranks as threads spread over
 `--processes` processes, each thread with its own client of one real TCPStore, run the store
 protocol of a torus group's creation by calling torch_torus's own functions (agree_epoch, meet,
-agree_settings), then the C++ side's operations: publishing this rank's TCP address, and, for
-the first collective, looking up its two ring neighbours' as the transport does (check, then get,
-with its backoff while absent). Nothing else of a group is created: no socket, no thread.
+agree_settings), then the C++ side's operations: sharing the group's secret, publishing this
+rank's TCP address, and, for the first collective, looking up its two ring neighbours' as the
+transport does (check, then get, with its backoff while absent). Nothing else of a group is created: no socket, no thread.
 
 Beside it, the floor on the same store: an `add` counter and one `wait` for "every rank has
 arrived". Each phase starts on every rank at once after a store barrier; a rank times its own.
@@ -23,6 +23,7 @@ import argparse
 import datetime
 import json
 import multiprocessing
+import os
 import threading
 import time
 
@@ -95,6 +96,11 @@ def create(store: dist.Store, rank: int, size: int, shared: dict[str, str], time
     group = dist.PrefixStore(f"torus/{epoch}", store)
     meet(group, rank, size, f"host{rank}", address, "")
     agree_settings(group, rank, size, shared)
+    # The group's secret (transport/group_secret.cc): rank 0 sets it, the others block on it.
+    if rank == 0:
+        group.set("auth/secret", os.urandom(32))
+    else:
+        group.get("auth/secret")
     group.set(f"tcp/{rank}", address)  # TcpTransport's constructor
     return group
 
