@@ -20,14 +20,10 @@ namespace torus {
 
 namespace {
 
-// A sleep with nothing to do ends after this to run the message layer's idle checks.
-constexpr int kIdleCheckMs = 100;
 // Providers without a wait descriptor are looked at this often while the thread sleeps.
 constexpr auto kPolledSleep = std::chrono::microseconds(200);
 // Lifelines are looked at no more often than this while threads spin.
 constexpr auto kLifelineCheck = std::chrono::milliseconds(1);
-// Destroying a transport waits this long at most for its last chunks and farewells to go out.
-constexpr auto kFarewellLinger = std::chrono::seconds(1);
 // Messages above this go by RMA reads by default, where the provider reads in hardware.
 constexpr size_t kDefaultRmaAbove = 256 * 1024;
 // A read the provider could not take (-FI_EAGAIN) is tried again this soon while threads sleep.
