@@ -103,7 +103,7 @@ GAPS: List[Gap] = [
                "no collective (send and recv say \"send/recv operation\"), sequence number or rank; it does "
                "fail fast afterwards (\"Application timeout caused pair closure\")",
         observed=r"not DistBackendError|does not name"),
-    # ------------------------------------------- bad arguments (test_bad_arguments.py), gloo
+    # ------------------------------------------ bad arguments (test_bad_arguments*.py), gloo
     Gap("gloo", ("bad_args.*.band_float", "bad_args.all_reduce.premul_sum_int", "bad_args.all_reduce.uint16",
                  "bad_args.all_reduce.avg_int"),
         reason="gloo checks the (op, dtype) pair and the dtype only once the collective is queued: the "

@@ -1,6 +1,6 @@
 """Every other collective: broadcast, reduce, all_gather(+_into_tensor, _object), gather,
-scatter, reduce_scatter(+_tensor), all_to_all(+_single), barrier, send/recv (tags, any
-source), batch_isend_irecv, broadcast_object_list, async variants and coalescing."""
+scatter, reduce_scatter(+_tensor), all_to_all(+_single), barrier, broadcast_object_list, async
+variants and coalescing. Point to point is in test_collectives_p2p.py."""
 
 from __future__ import annotations
 
@@ -13,6 +13,7 @@ import torch.distributed as dist
 
 import expectations
 import harness
+from collective_helpers import attempt, group_still_works, strided
 from reference import (DTYPE_NAMES, WORLD_SIZES, allreduce_contract, check_reduction, compare,
                        dtype_of, error_names_op, first_line, fmt_shape, gen, gen_all, redop)
 
@@ -20,7 +21,6 @@ from reference import (DTYPE_NAMES, WORLD_SIZES, allreduce_contract, check_reduc
 TRANSPORT_CONTRACT = True
 
 ws_param = pytest.mark.parametrize("world_size", WORLD_SIZES, ids=lambda w: f"ws{w}")
-ws_p2p = pytest.mark.parametrize("world_size", [2, 3, 4, 8], ids=lambda w: f"ws{w}")
 dtype_param = pytest.mark.parametrize("dtype", DTYPE_NAMES)
 REDUCE_OPS = ["SUM", "AVG", "PRODUCT", "MIN", "MAX", "BAND", "BOR", "BXOR", "PREMUL_SUM"]
 RS_OPS = ["SUM", "MAX", "AVG", "BXOR"]
@@ -28,27 +28,6 @@ RS_OPS = ["SUM", "MAX", "AVG", "BXOR"]
 
 def _shapes(n):
     return [(0,), (), (1,), (7,), (13 * n + 1,), (2, 3, 5), (3, 0), (1031,)]
-
-
-def _run(fn, label, problems):
-    """Call fn(); record an exception as a problem; return False if it raised."""
-    try:
-        fn()
-        return True
-    except Exception as e:
-        problems.append(f"{label}: raised {first_line(e)}")
-        return False
-
-
-def _strided(t: torch.Tensor) -> torch.Tensor:
-    """A non-contiguous view holding a copy of t (every other element of a bigger buffer)."""
-    buf = torch.zeros((t.numel() * 2 + 1,), dtype=t.dtype)
-    v = buf[1::2].view(t.shape) if t.dim() <= 1 else None
-    if v is None:  # multi-dim: a column slice
-        buf = torch.zeros(t.shape[:-1] + (t.shape[-1] * 2,), dtype=t.dtype)
-        v = buf[..., ::2]
-    v.copy_(t)
-    return v
 
 
 # ------------------------------------------------------------------------------ broadcast
@@ -59,11 +38,11 @@ def _case_broadcast(ctx, dtype, noncontig=False):
     for root in range(n):
         for shape in _shapes(n) if not noncontig else [(13 * n + 1,), (4, 6)]:
             mine = gen(("bcast", root, shape), rank, shape, dtype)
-            t = _strided(mine) if noncontig else mine.clone()
+            t = strided(mine) if noncontig else mine.clone()
             label = f"broadcast root={root} {dtype} shape={fmt_shape(shape)}"
             if noncontig:
                 label += f" strides={t.stride()}"
-            if not _run(lambda: dist.broadcast(t, src=root), label, problems):
+            if not attempt(lambda: dist.broadcast(t, src=root), label, problems):
                 return problems
             problems += compare(t, gen(("bcast", root, shape), root, shape, dtype), None, label)
     return problems
@@ -104,7 +83,7 @@ def _case_reduce(ctx, dtype, op):
             inputs = gen_all(("reduce", root, shape), n, shape, dtype, op)
             t = inputs[rank].clone()
             label = f"reduce dst={root} {dtype} {op} shape={fmt_shape(shape)}"
-            if not _run(lambda: dist.reduce(t, dst=root, op=redop(op)), label, problems):
+            if not attempt(lambda: dist.reduce(t, dst=root, op=redop(op)), label, problems):
                 return problems
             if rank == root:
                 problems += check_reduction(t, inputs, op, label)
@@ -128,14 +107,14 @@ def _case_all_gather(ctx, dtype, noncontig=False):
         inputs = gen_all(("ag", shape), n, shape, dtype)
         label = f"all_gather {dtype} shape={fmt_shape(shape)}"
         if noncontig:  # non-contiguous input and outputs that are views into one buffer
-            x = _strided(inputs[rank])
+            x = strided(inputs[rank])
             buf = torch.zeros(shape + (n,), dtype=dtype_of(dtype))
             outs = [buf[..., j] for j in range(n)]
             label += " (strided input, outputs = slices of one buffer)"
         else:
             x = inputs[rank].clone()
             outs = [torch.empty(shape, dtype=dtype_of(dtype)) for _ in range(n)]
-        if not _run(lambda: dist.all_gather(outs, x), label, problems):
+        if not attempt(lambda: dist.all_gather(outs, x), label, problems):
             return problems
         for j in range(n):
             problems += compare(outs[j], inputs[j], None, f"{label} output[{j}]")
@@ -169,7 +148,7 @@ def _case_all_gather_into_tensor(ctx, dtype, form):
         else:
             out = torch.empty((n,) + shape, dtype=dtype_of(dtype))
             expected = torch.stack(inputs)
-        if not _run(lambda: dist.all_gather_into_tensor(out, inputs[rank].clone()), label,
+        if not attempt(lambda: dist.all_gather_into_tensor(out, inputs[rank].clone()), label,
                     problems):
             return problems
         problems += compare(out, expected, None, label)
@@ -217,7 +196,7 @@ def _case_gather(ctx, dtype, noncontig=False):
     for root in range(n):
         for shape in [(0,), (), (7,), (13 * n + 1,), (2, 3, 5)] if not noncontig else [(9,), (3, 4)]:
             inputs = gen_all(("gather", root, shape), n, shape, dtype)
-            x = _strided(inputs[rank]) if noncontig else inputs[rank].clone()
+            x = strided(inputs[rank]) if noncontig else inputs[rank].clone()
             outs = None
             if rank == root:
                 if noncontig:
@@ -226,7 +205,7 @@ def _case_gather(ctx, dtype, noncontig=False):
                 else:
                     outs = [torch.empty(shape, dtype=dtype_of(dtype)) for _ in range(n)]
             label = f"gather dst={root} {dtype} shape={fmt_shape(shape)}"
-            if not _run(lambda: dist.gather(x, outs, dst=root), label, problems):
+            if not attempt(lambda: dist.gather(x, outs, dst=root), label, problems):
                 return problems
             if rank == root:
                 for j in range(n):
@@ -255,12 +234,12 @@ def _case_scatter(ctx, dtype, noncontig=False):
             pieces = [gen(("scatter", root, shape, j), root, shape, dtype) for j in range(n)]
             ins = None
             if rank == root:
-                ins = [_strided(p) if noncontig else p.clone() for p in pieces]
+                ins = [strided(p) if noncontig else p.clone() for p in pieces]
             out = gen(("scatter-out", shape), rank, shape, dtype)
             if noncontig:
-                out = _strided(out)
+                out = strided(out)
             label = f"scatter src={root} {dtype} shape={fmt_shape(shape)}"
-            if not _run(lambda: dist.scatter(out, ins, src=root), label, problems):
+            if not attempt(lambda: dist.scatter(out, ins, src=root), label, problems):
                 return problems
             problems += compare(out, pieces[rank], None, label)
     return problems
@@ -318,7 +297,7 @@ def _case_reduce_scatter(ctx, dtype, op, form):
         contributions = gen_all(("rs", shape, rank), n, shape, dtype, op)
         out = torch.empty(shape, dtype=dt)
         label = f"reduce_scatter[{form}] {dtype} {op} shape={fmt_shape(shape)}"
-        if not _run(lambda: call(out, mine), label, problems):
+        if not attempt(lambda: call(out, mine), label, problems):
             return problems
         problems += check_reduction(out, contributions, op, label)
     return problems
@@ -372,7 +351,7 @@ def _case_all_to_all(ctx, dtype, pattern):
            for j in range(n)]
     outs = [torch.empty((_split(pattern, i, rank, n), 2), dtype=dt) for i in range(n)]
     label = f"all_to_all(list) {dtype} {pattern}"
-    if not _run(lambda: dist.all_to_all(outs, [t.clone() for t in ins]), label, problems):
+    if not attempt(lambda: dist.all_to_all(outs, [t.clone() for t in ins]), label, problems):
         return problems
     for i in range(n):
         exp = gen(("a2a", pattern, i, rank), i, (_split(pattern, i, rank, n), 2), dtype)
@@ -410,7 +389,7 @@ def _case_all_to_all_single(ctx, dtype, pattern, noncontig=False):
         dist.all_to_all_single(out, x, **kw)
     except Exception as e:
         if noncontig and "contiguous" in str(e).lower():
-            return _group_still_works()
+            return group_still_works()
         return [f"{label}: raised {first_line(e)}"]
     exp = torch.cat([gen(("a2as", pattern, i, rank), i, (out_splits[i], 2), dtype)
                      for i in range(n)])
@@ -466,178 +445,6 @@ def test_barrier(backend, world_size):
 def test_barrier_algorithms(backend, world_size, algorithm):
     # Each asked for by name: shared_memory runs over shm, and as dissemination elsewhere.
     harness.check(backend, world_size, _case_barrier, env={"TORUS_BARRIER": algorithm})
-
-
-# ------------------------------------------------------------------------------ point to point
-
-
-def _group_still_works():
-    t = torch.ones(3)
-    try:
-        dist.all_reduce(t)
-    except Exception as e:
-        return [f"group unusable after a rejected call: {first_line(e)}"]
-    n = dist.get_world_size()
-    return [] if t.eq(n).all() else [f"group broken after a rejected call: {t.tolist()}"]
-
-
-def _case_p2p_ring(ctx, dtype, noncontig=False):
-    """Blocking and non-blocking send/recv around the ring, every shape.  noncontig: strided
-    tensors; a backend may refuse them with an error that says "contiguous" (as gloo and
-    NCCL do; the group must stay usable), or must deliver the right data."""
-    n, rank, problems = ctx.world_size, ctx.rank, []
-    nxt, prv = (rank + 1) % n, (rank - 1) % n
-    for shape in [(0,), (), (7,), (1031,), (2, 3, 5)] if not noncontig else [(9,), (3, 4)]:
-        mine = gen(("p2p", shape), rank, shape, dtype)
-        expect = gen(("p2p", shape), prv, shape, dtype)
-        label = f"send/recv ring {dtype} shape={fmt_shape(shape)}"
-        # blocking: even ranks send first (no deadlock for any n, incl. odd n)
-        buf = torch.zeros(shape, dtype=dtype_of(dtype))
-        src_t = _strided(mine) if noncontig else mine.clone()
-        if noncontig:
-            buf = _strided(buf)
-
-        def blocking():
-            if rank % 2 == 0:
-                dist.send(src_t, nxt)
-                dist.recv(buf, prv)
-            else:
-                dist.recv(buf, prv)
-                dist.send(src_t, nxt)
-
-        if n % 2 == 1 and n > 1:
-            # odd ring: the last (even) rank sends to rank 0 (even): use isend to avoid a cycle
-            def blocking():  # noqa: F811
-                w = dist.isend(src_t, nxt)
-                dist.recv(buf, prv)
-                w.wait()
-
-        try:
-            blocking()
-        except Exception as e:
-            if noncontig and "contiguous" in str(e).lower():
-                dist.barrier()
-                return _group_still_works()
-            return problems + [f"{label} (blocking): raised {first_line(e)}"]
-        problems += compare(buf, expect, None, label + " (blocking)")
-        buf2 = torch.zeros(shape, dtype=dtype_of(dtype))
-        if noncontig:
-            buf2 = _strided(buf2)
-
-        def nonblocking():
-            r = dist.irecv(buf2, prv)
-            s = dist.isend(src_t, nxt)
-            s.wait()
-            r.wait()
-
-        if not _run(nonblocking, label + " (isend/irecv)", problems):
-            return problems
-        problems += compare(buf2, expect, None, label + " (isend/irecv)")
-    return problems
-
-
-@dtype_param
-@ws_p2p
-def test_send_recv_ring(backend, world_size, dtype):
-    harness.check(backend, world_size, _case_p2p_ring, dtype,
-                  gap=expectations.gap(backend, "send_recv", dtype, world_size=world_size))
-
-
-@ws_p2p
-def test_send_recv_noncontiguous(backend, world_size):
-    harness.check(backend, world_size, _case_p2p_ring, "float32", True,
-                  gap=expectations.gap(backend, "send_recv.noncontig", "float32",
-                                       world_size=world_size))
-
-
-def _case_tags(ctx):
-    """Pairs (2k -> 2k+1): three messages with different tags and sizes, received in the
-    opposite order of sending."""
-    n, rank, problems = ctx.world_size, ctx.rank, []
-    tags = [1, 2, 70000]
-    msgs = {tag: gen(("tag", tag), rank - (rank % 2), (tag % 13 + 3 * i,), "float32")
-            for i, tag in enumerate(tags)}
-    if rank % 2 == 0 and rank + 1 < n:
-        works = [dist.isend(msgs[tag].clone(), rank + 1, tag=tag) for tag in tags]
-        for w in works:
-            w.wait()
-    elif rank % 2 == 1:
-        bufs = {tag: torch.zeros_like(msgs[tag]) for tag in tags}
-        works = [(tag, dist.irecv(bufs[tag], rank - 1, tag=tag)) for tag in reversed(tags)]
-        for tag, w in works:
-            w.wait()
-            problems += compare(bufs[tag], msgs[tag], None, f"message with tag {tag}")
-    dist.barrier()
-    return problems
-
-
-@ws_p2p
-def test_send_recv_tags(backend, world_size):
-    harness.check(backend, world_size, _case_tags)
-
-
-def _case_recv_any_source(ctx):
-    """Rank 0 receives one message from every other rank with src=None (any order) and must
-    be told the right source; then once more with irecv."""
-    n, rank, problems = ctx.world_size, ctx.rank, []
-    if rank == 0:
-        seen = set()
-        for _ in range(n - 1):
-            t = torch.zeros(4, dtype=torch.int64)
-            src = dist.recv(t)  # src=None: any source
-            sender = int(t[0])
-            if src != sender:
-                problems.append(f"recv(src=None) reported source {src}, message is from "
-                                f"rank {sender}")
-            if t.tolist() != [sender, sender * 10, sender * 100, 7]:
-                problems.append(f"recv(src=None) got {t.tolist()} from rank {sender}")
-            seen.add(sender)
-        if seen != set(range(1, n)):
-            problems.append(f"received from {sorted(seen)}, expected every rank 1..{n - 1}")
-    else:
-        time.sleep(0.02 * ((n - rank) % n))  # vary arrival order
-        dist.send(torch.tensor([rank, rank * 10, rank * 100, 7]), 0)
-    dist.barrier()
-    return problems
-
-
-@ws_p2p
-def test_recv_any_source(backend, world_size):
-    harness.check(backend, world_size, _case_recv_any_source)
-
-
-def _case_batch_isend_irecv(ctx, dtype):
-    """Ring exchange in both directions with batch_isend_irecv."""
-    n, rank, problems = ctx.world_size, ctx.rank, []
-    nxt, prv = (rank + 1) % n, (rank - 1) % n
-    for shape in [(5,), (1031,), (0,)]:
-        to_next = gen(("batch", "fwd", shape), rank, shape, dtype)
-        to_prev = gen(("batch", "bwd", shape), rank, shape, dtype)
-        from_prev = torch.zeros(shape, dtype=dtype_of(dtype))
-        from_next = torch.zeros(shape, dtype=dtype_of(dtype))
-        ops = [dist.P2POp(dist.isend, to_next, nxt), dist.P2POp(dist.irecv, from_prev, prv),
-               dist.P2POp(dist.isend, to_prev, prv), dist.P2POp(dist.irecv, from_next, nxt)]
-        label = f"batch_isend_irecv {dtype} shape={fmt_shape(shape)}"
-
-        def go():
-            for w in dist.batch_isend_irecv(ops):
-                w.wait()
-
-        if not _run(go, label, problems):
-            return problems
-        problems += compare(from_prev, gen(("batch", "fwd", shape), prv, shape, dtype), None,
-                            label + " from previous rank")
-        problems += compare(from_next, gen(("batch", "bwd", shape), nxt, shape, dtype), None,
-                            label + " from next rank")
-    return problems
-
-
-@pytest.mark.parametrize("dtype", ["float32", "int64", "bfloat16", "bool"])
-@ws_p2p
-def test_batch_isend_irecv(backend, world_size, dtype):
-    harness.check(backend, world_size, _case_batch_isend_irecv, dtype,
-                  gap=expectations.gap(backend, "batch_isend_irecv", dtype,
-                                       world_size=world_size))
 
 
 # ------------------------------------------------------------------------------ objects

@@ -61,6 +61,22 @@ class Gatekeeper {
   int turnedAway_ = 0;
 };
 
+// What a rank that dials a TCP connection (the TCP transport's, a lifeline) sends first; `magic`
+// says whose connection it is, and each sets its own `purpose` for the proof.
+struct Hello {
+  uint32_t magic;
+  int32_t rank;
+  int32_t size;
+  Nonce nonce;
+  Digest proof; // prove(purpose, rank, the rank dialed, nonce)
+
+  // Whether it says it is a hello of `magic`'s kind from another rank than `receiver` of a group
+  // of `groupSize` ranks (what it proves is Gatekeeper::admits's).
+  bool fits(uint32_t kind, int receiver, int groupSize) const {
+    return magic == kind && size == groupSize && rank >= 0 && rank < groupSize && rank != receiver;
+  }
+};
+
 // Why a hello was turned away: it is no hello of this group's (its magic, rank or size)...
 std::string foreignHello(uint32_t magic, int rank, int size);
 // ... or its proof is wrong, or it was replayed.

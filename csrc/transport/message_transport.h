@@ -32,6 +32,7 @@
 // between two ranks match receives in the order they were sent whichever protocol each took.
 #pragma once
 
+#include <chrono>
 #include <deque>
 #include <map>
 #include <memory>
@@ -92,6 +93,13 @@ class MessageTransport : public PolledTransport {
   std::optional<StrayMessage> strayMessage(uint64_t upToTag) final;
 
  protected:
+  // A transport's sleep with nothing to do ends after this, so that the idle checks run.
+  static constexpr int kIdleCheckMs = 100;
+  // How long destroying a transport waits at most for its last words (a fault or goodbye frame,
+  // a farewell) to reach the peers: closing a socket with unread bytes resets the connection,
+  // and a reset drops what the kernel has not delivered yet.
+  static constexpr auto kFarewellLinger = std::chrono::seconds(1);
+
   // Makes `peer` reachable through `link`, which the transport owns and keeps until destroyed.
   void attach(int peer, Link* link);
   // Makes `peer` reachable before it has a Link: its messages wait until the transport attaches

@@ -2,9 +2,11 @@
 
 #include <arpa/inet.h>
 #include <fcntl.h>
+#include <linux/sockios.h>
 #include <netdb.h>
 #include <netinet/in.h>
 #include <pthread.h>
+#include <sys/ioctl.h>
 #include <unistd.h>
 
 #include <cerrno>
@@ -130,6 +132,11 @@ int listenOn(const std::string& address, int backlog, std::string* where) {
   ::getsockname(fd, reinterpret_cast<sockaddr*>(&bound), &length);
   *where = formatAddress(bound);
   return fd;
+}
+
+bool unacknowledged(int fd) {
+  int bytes = 0;
+  return ::ioctl(fd, SIOCOUTQ, &bytes) == 0 && bytes > 0;
 }
 
 void keepFromForkedChildren(int fd) {

@@ -20,6 +20,10 @@ sockaddr_storage parseHostPort(const std::string& where, socklen_t* length);
 // connections; *where is set to the "host:port" peers connect to. Throws std::runtime_error.
 int listenOn(const std::string& address, int backlog, std::string* where);
 
+// Whether bytes written to `fd` still wait for the peer's kernel to acknowledge them (SIOCOUTQ):
+// closing the socket now may lose them.
+bool unacknowledged(int fd);
+
 // The sockets of every live transport of this process. A child forked from a rank (a DataLoader
 // worker) gets them pointed at /dev/null: otherwise a rank that is SIGKILLed keeps its
 // connections open as long as its children live, and its peers never see it go.

@@ -1,9 +1,7 @@
 #include "transport/ofi/lifelines.h"
 
-#include <linux/sockios.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
-#include <sys/ioctl.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
@@ -25,13 +23,6 @@ constexpr size_t kWhyBytes = 1024;
 const char* const kHelloPurpose = "torus lifeline hello";
 const char* const kAcceptPurpose = "torus lifeline accept";
 
-struct Hello {
-  uint32_t magic;
-  int32_t rank;
-  int32_t size;
-  Nonce nonce;
-  Digest proof; // prove(kHelloPurpose, rank, the rank dialed, nonce)
-};
 struct FarewellHeader {
   uint32_t magic;
   uint32_t kind;
@@ -138,8 +129,7 @@ bool Lifelines::readLine(Line& line, int* peer, std::string* unproven) {
       }
       Hello hello;
       std::memcpy(&hello, line.inbound.data(), sizeof(hello));
-      if (hello.magic != kHelloMagic || hello.size != size_ || hello.rank < 0 || hello.rank >= size_ ||
-          hello.rank == rank_) {
+      if (!hello.fits(kHelloMagic, rank_, size_)) {
         *unproven = foreignHello(hello.magic, hello.rank, hello.size);
         return false;
       }
@@ -317,10 +307,6 @@ void Lifelines::closeAll(std::chrono::milliseconds linger) {
   // Lines that peers dialed and this rank has not taken yet get the farewell too, where their
   // Hello is there to say whose they are.
   check();
-  auto unacknowledged = [](int fd) {
-    int bytes = 0;
-    return ::ioctl(fd, SIOCOUTQ, &bytes) == 0 && bytes > 0;
-  };
   for (Peer& p : peers_) {
     for (Line& line : p.lines) {
       while (line.saidFarewell && !p.ended && unacknowledged(line.fd) && std::chrono::steady_clock::now() < until) {

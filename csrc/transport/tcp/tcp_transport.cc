@@ -3,12 +3,10 @@
 #include "transport/group_secret.h"
 #include "transport/sockets.h"
 
-#include <linux/sockios.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
 #include <poll.h>
 #include <sys/eventfd.h>
-#include <sys/ioctl.h>
 #include <sys/socket.h>
 #include <sys/uio.h>
 #include <unistd.h>
@@ -28,27 +26,13 @@ constexpr uint32_t kHelloMagic = 0x746f7275; // "toru"
 constexpr uint32_t kAccepted = 0x6f6b6179; // "okay"
 constexpr uint32_t kRefused = 0x6e6f7065; // "nope"
 constexpr uint32_t kGaveUp = 0x71756974; // "quit", then the reason's bytes
-// How long progress sleeps in poll() at most; a sleep that ends with nothing to read or write
-// runs the message layer's idle checks.
-constexpr int kIdleCheckMs = 100;
 // A refused rank connects again after this, in case the peer's own connection never comes.
 constexpr auto kRetryAfterRefusal = std::chrono::milliseconds(200);
-// How long destroying a transport waits for its last words (a fault or goodbye frame) to reach
-// the peers: closing a socket with unread bytes resets the connection, and a reset drops what
-// the kernel has not delivered yet.
-constexpr auto kFarewellLinger = std::chrono::seconds(1);
 
 // What the proofs of a hello and of its acceptance are over (group_secret.h).
 const char* const kHelloPurpose = "torus tcp hello";
 const char* const kAcceptPurpose = "torus tcp accept";
 
-struct Hello {
-  uint32_t magic;
-  int32_t rank;
-  int32_t size;
-  Nonce nonce;
-  Digest proof; // prove(kHelloPurpose, rank, the rank dialed, nonce)
-};
 static_assert(sizeof(Hello) == sizeof(TcpTransport::Incoming::hello), "Incoming::hello holds one");
 struct Verdict {
   uint32_t code;
@@ -215,10 +199,9 @@ void TcpTransport::deliverFarewells() {
     // it: a connection the peer reset (it closed first) keeps counting its unsent bytes, and
     // waiting for them cost every destroy the whole linger.
     auto queued = [](int fd) {
-      int bytes = 0;
       tcp_info info{};
       socklen_t length = sizeof(info);
-      return ::ioctl(fd, SIOCOUTQ, &bytes) == 0 && bytes > 0 &&
+      return unacknowledged(fd) &&
              !(::getsockopt(fd, IPPROTO_TCP, TCP_INFO, &info, &length) == 0 && info.tcpi_state == TCP_CLOSE);
     };
     for (Pair* pair : linked_) {
@@ -341,7 +324,7 @@ bool TcpTransport::answerHello(Incoming& incoming) {
   Hello hello;
   std::memcpy(&hello, incoming.hello, sizeof(hello));
   const int peer = hello.rank;
-  if (hello.magic != kHelloMagic || hello.size != size() || peer < 0 || peer >= size() || peer == rank()) {
+  if (!hello.fits(kHelloMagic, rank(), size())) {
     gate_.turnAway(peerAddress(incoming.fd), foreignHello(hello.magic, peer, hello.size));
     return false;
   }
