@@ -129,6 +129,18 @@ def test_rounds_time_each_contender_in_a_new_order_and_keep_its_best_round(one_r
     assert calls == {0: [5, 17, 17], 1: [5, 500, 500], 2: [5, 5, 5]}
 
 
+def _column_names(lines: list[str]) -> str:
+    """The table's line of column names."""
+    [names] = [line for line in lines if line.lstrip("# ").startswith("size") and "#wrong" in line]
+    return names
+
+
+def _row(lines: list[str], size: int) -> str:
+    """The table's row of `size` bytes."""
+    [row] = [line for line in lines if line.split()[:1] == [str(size)] and "float32" in line]
+    return row
+
+
 def _report(args, tmp_path):
     """The bench's report (header, table, summary) and JSON for two sizes of two contenders whose
     times are made up, as rank 0 would print and write them."""
@@ -175,10 +187,9 @@ def test_bench_on_cuda_reports_each_busbw_as_a_share_of_the_device_copy(tmp_path
     text = "\n".join(lines)
     assert "# device-to-device copy on rank 0's GPU, cuda:0 (a GPU): 3000.0 GB/s" in text, text
     assert "256MiB" in text, text
-    [names] = [line for line in lines if line.lstrip("# ").startswith("size") and "#wrong" in line]
-    assert names.count("%copy") == 2, names
+    assert _column_names(lines).count("%copy") == 2, lines
     # 256 MiB in 200 us: algbw 1342.2 GB/s, busbw x 1.5 = 2013.3 GB/s = 67.11 % of 3000 GB/s; the other 4x slower.
-    [big] = [line for line in lines if line.split()[:1] == [str(1 << 28)] and "float32" in line]
+    big = _row(lines, 1 << 28)
     assert "67.11" in big.split() and "16.78" in big.split(), big
     assert "# Avg bus bandwidth as % of the device copy (3000.0 GB/s):" in text, text
     assert document["device_copy"]["gbps"] == 3000.0 and document["device_copy"]["bytes"] == 256 << 20
@@ -196,10 +207,9 @@ def test_bench_on_one_cpu_host_reports_the_memory_bound_as_a_share_of_each_time(
     text = "\n".join(lines)
     assert "# host memory: 20.0 GB/s, bytes read + written per second by 2 ranks at once" in text, text
     assert "2·n·S / 20.0 GB/s" in text, text
-    [names] = [line for line in lines if line.lstrip("# ").startswith("size") and "#wrong" in line]
-    assert names.count("%mem") == 2, names
+    assert _column_names(lines).count("%mem") == 2, lines
     # 4 KiB on 4 ranks: 2·4·4 KiB through memory at 20 GB/s take 1.64 us; in 50 us, 3%; in 80 us, 2%.
-    [small] = [line for line in lines if line.split()[:1] == ["4096"] and "float32" in line]
+    small = _row(lines, 4096)
     assert small.split()[9] == "3" and small.split()[14] == "2", small
     assert document["host_memory_bandwidth"] == {"gbps": 20.0, "bytes_per_process": 64 << 20, "processes": 2,
                                                  "rounds": 5, "copies_per_round": 4}
