@@ -24,12 +24,14 @@ import torch.multiprocessing as mp
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from creation_at_scale import CountingStore  # noqa: E402
 
+from torch_torus import BACKEND_NAME  # noqa: E402
+
 TIMEOUT = datetime.timedelta(seconds=600)
 
 
 def _worker(rank: int, size: int, port: int, backend: str, results) -> None:
-    if backend == "torus":
-        import torch_torus  # noqa: F401 (registers the backend)
+    import torch_torus  # noqa: F401 (registers the backend)
+
     store = dist.TCPStore("127.0.0.1", port, size, rank == 0, timeout=TIMEOUT)
     if store.add("bench/ready", 1) == size:
         store.set("bench/go", "")
@@ -69,7 +71,7 @@ def main() -> None:
     print("|---:|---:|---:|---:|---:|---:|")
     for size in args.ranks:
         gloo_s, gloo_ops = run("gloo", size)
-        torus_s, torus_ops = run("torus", size)
+        torus_s, torus_ops = run(BACKEND_NAME, size)
         print(f"| {size} | {gloo_s:.2f} s | {torus_s:.2f} s | {torus_s / gloo_s:.2f} | {gloo_ops} | {torus_ops} |",
               flush=True)
 

@@ -25,6 +25,7 @@ import torch.distributed as dist
 
 import harness
 from reference import first_line
+from torch_torus.topology import latest_epoch
 
 BACKEND = "torus+tcp"
 # The tag the victim receives on, as its point-to-point wire tag (kP2PTagBase + tag).
@@ -248,8 +249,9 @@ def _group_store(group):
     store = dist.PrefixStore(f"{c10d._get_process_group_name(group)}/", c10d._get_default_store())
     for device in ("cpu", "cuda"):
         backend_store = dist.PrefixStore(f"{device}/", store)
-        if backend_store.check(["torus/epoch"]):
-            return dist.PrefixStore(f"torus/{bytes(backend_store.get('torus/epoch')).decode()}", backend_store)
+        epoch = latest_epoch(backend_store)
+        if epoch is not None:
+            return dist.PrefixStore(f"torus/{epoch}", backend_store)
     raise AssertionError("the group's torus keys are not in the store")
 
 

@@ -153,6 +153,17 @@ def _generation_key(generation: int, name: str) -> str:
     return f"torus/epoch/{generation}/{name}"
 
 
+def latest_epoch(store) -> str | None:
+    """The epoch the latest generation of the group on `store` agreed on (its keys live under
+    torus/<epoch>/), or None while it has none: for tools and tests that read a live group's keys."""
+    generation = store.add(_ARRIVALS_KEY, 0) // RANK0_ARRIVAL
+    key = _generation_key(generation, "result")
+    if generation == 0 or not store.check([key]):
+        return None
+    epoch = bytes(store.get(key)).decode()
+    return epoch if epoch and epoch != SUPERSEDED else None
+
+
 def agree_epoch(store, rank: int, size: int, timeout: float) -> str:
     """A name no earlier group on this store has used, agreed by every rank of this one, in O(1)
     store operations per rank, each either immediate or a blocking wait (no polling).
