@@ -43,11 +43,11 @@ LIFELINE_MAGIC, FAREWELL_MAGIC, GOODBYE_KIND = 0x6C696665, 0x62796521, 1
 SHORT_TIMEOUT = datetime.timedelta(seconds=8)
 
 
-def _frame(kind, tag=WIRE_TAG, nbytes=0, sequence=0, payload=b""):
+def _frame(kind, tag=WIRE_TAG, nbytes=0, sequence=0, payload=b"", address=0, key=0):
     """A frame as MessageTransport writes it: the 64-byte WireHeader (tag, nbytes, sequence,
     address, the call signature: kind, dtype, op, algorithm, root, nbytes; kind, reserved, key),
     then the payload. A call of kind 0 agrees with every call."""
-    return struct.pack("<QQQQBBBBiQIIQ", tag, nbytes, sequence, 0, 0, 0, 0, 0, -1, 0, kind, 0, 0) + payload
+    return struct.pack("<QQQQBBBBiQIIQ", tag, nbytes, sequence, address, 0, 0, 0, 0, -1, 0, kind, 0, key) + payload
 
 
 def _eager_window_frames():
@@ -196,6 +196,28 @@ def _receive_fails(work, expected, adversary):
 def _collective_fails(group, adversary):
     return _fails("the group's allreduce after the attack", lambda: dist.all_reduce(torch.ones(4), group=group), [],
                   adversary)
+
+
+def _attack_fails(group, work, buffer, expected, adversary):
+    """Problems unless the receive `work` (into `buffer`, left untouched) fails promptly naming the
+    adversary and saying each of `expected`, and then so does the group's collective."""
+    problems = _receive_fails(work, expected, adversary)
+    if not buffer.eq(SENTINEL).all():
+        problems.append("the failed receive's buffer was written")
+    return problems + _collective_fails(group, adversary)
+
+
+def _received(work, buffer, data, after):
+    """Problems unless `work`, a receive into the first data.numel() elements of `buffer`, completes
+    with `data`, the rest of `buffer` (a sentinel) untouched."""
+    n = data.numel()
+    try:
+        work.wait(timeout=datetime.timedelta(seconds=60))
+    except Exception as error:  # noqa: BLE001 - any error is a problem here
+        return [f"the receive failed after {after}: {first_line(error)}"]
+    if not buffer[:n].equal(data) or not buffer[n:].eq(SENTINEL).all():
+        return [f"the receive after {after} got the wrong data"]
+    return []
 
 
 def _default_group_right(ctx):
@@ -364,12 +386,7 @@ def _case_hellos(ctx):
         work = dist.irecv(buffer[:RECV_FLOATS], src=adversary, tag=TAG, group=group)
         logged = _stderr_size()
         dist.barrier()
-        try:
-            work.wait(timeout=datetime.timedelta(seconds=60))
-        except Exception as e:  # noqa: BLE001 - any error is a problem here
-            problems.append(f"the receive failed after forged hellos: {first_line(e)}")
-        if not buffer[:RECV_FLOATS].equal(data) or not buffer[RECV_FLOATS:].eq(SENTINEL).all():
-            problems.append("the receive after forged hellos got the wrong data")
+        problems += _received(work, buffer, data, "forged hellos")
         # Every forged hello, and the silent connection.
         problems += _turned_away_since(logged, 11, "TCP connection")
         dist.barrier()
@@ -554,10 +571,7 @@ def _case_forged_farewell(ctx, lie):
         buffer = torch.full((RECV_FLOATS,), SENTINEL)
         work = dist.irecv(buffer, src=adversary, tag=TAG, group=group)
         dist.barrier()
-        problems += _receive_fails(work, expected, adversary)
-        if not buffer.eq(SENTINEL).all():
-            problems.append("the failed receive's buffer was written")
-        problems += _collective_fails(group, adversary)
+        problems += _attack_fails(group, work, buffer, expected, adversary)
         dist.barrier()
     dist.destroy_process_group(group)
     if held is not None:

@@ -1,9 +1,10 @@
 """The test-only entry points in tests/native/, built as a module of their own: SubsetComms
 (shared-memory collectives on Comms over some ranks of a group, for test_shm.py) and
 DeviceCollectivesOnHost (the device collectives on the host device layer, for
-test_device_collectives.py) and hmac_sha256 (the hellos' proofs, for test_auth.py). They are not part of the package: `module()` compiles them the first
-time a test needs them (a minute or two; later sessions reuse the build while the sources are
-unchanged), into build/testing-<python>/, linked against the torch_torus._C being tested so that
+test_device_collectives.py), hmac_sha256 (the hellos' proofs, for test_auth.py) and, in a build
+with libfabric, OfiAdversary (an endpoint that sends crafted messages, for test_wire_ofi.py).
+They are not part of the package: `module()` compiles them the first time a test needs them (a
+minute or two; later sessions reuse the build while the sources are unchanged), into build/testing-<python>/, linked against the torch_torus._C being tested so that
 they call its code rather than a copy of it.
 
 Build in the test process before starting ranks (`module()` in a fixture): the ranks then load
@@ -14,6 +15,7 @@ import functools
 import glob
 import hashlib
 import os
+import subprocess
 import sys
 
 TESTS_DIR = os.path.dirname(os.path.abspath(__file__))
@@ -34,6 +36,18 @@ def _headers_digest() -> str:
     return digest.hexdigest()[:16]
 
 
+def _libfabric_includes() -> list:
+    """Where libfabric's headers are, as setup.py finds them (TORUS_OFI_HOME, else pkg-config)."""
+    home = os.environ.get("TORUS_OFI_HOME", "")
+    if home:
+        return [os.path.join(home, "include")]
+    try:
+        flags = subprocess.run(["pkg-config", "--cflags-only-I", "libfabric"], capture_output=True, text=True).stdout
+    except OSError:
+        return []
+    return [flag[2:] for flag in flags.split() if flag.startswith("-I")]
+
+
 @functools.lru_cache(maxsize=None)
 def module():
     """The built module (compiled on first use in this or an earlier session)."""
@@ -45,12 +59,19 @@ def module():
     flags = ["-O2", "-g0", "-Wall", "-Wno-unused-parameter", f"-DTORUS_TESTING_HEADERS={_headers_digest()}"]
     if torch_torus._C.built_with_cuda:
         flags.append("-DTORUS_WITH_CUDA=1")  # the headers' view of the build must match _C's
+    sources = sorted(glob.glob(os.path.join(NATIVE, "*.cpp")))
+    includes = [os.path.join(ROOT, "csrc"), NATIVE]
+    if torch_torus._C.built_with_ofi:  # the adversary calls the transport's ofi::Fabric, only there
+        flags.append("-DTORUS_WITH_OFI=1")
+        includes += _libfabric_includes()
+    else:
+        sources.remove(os.path.join(NATIVE, "ofi_adversary.cpp"))
     build = os.path.join(ROOT, "build", f"testing-{sys.implementation.cache_tag}")
     os.makedirs(build, exist_ok=True)
     return cpp_extension.load(
         name="torus_testing",
-        sources=sorted(glob.glob(os.path.join(NATIVE, "*.cpp"))),
-        extra_include_paths=[os.path.join(ROOT, "csrc"), NATIVE],
+        sources=sources,
+        extra_include_paths=includes,
         extra_cflags=flags,
         extra_ldflags=[core, f"-Wl,-rpath,{os.path.dirname(core)}"],
         build_directory=build)

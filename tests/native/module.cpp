@@ -5,11 +5,17 @@
 
 #include "device_collectives_on_host.h"
 #include "subset_comms.h"
+#ifdef TORUS_WITH_OFI
+#include "ofi_adversary.h"
+#endif
 #include "transport/hmac.h"
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, module) {
   torus::defineSubsetComms(module);
   torus::defineDeviceCollectivesOnHost(module);
+#ifdef TORUS_WITH_OFI
+  torus::defineOfiAdversary(module);
+#endif
   module.def(
       "hmac_sha256",
       [](const py::bytes& key, const py::bytes& message) {

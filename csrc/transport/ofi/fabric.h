@@ -59,11 +59,19 @@ class Fabric {
   }
   // A peer's address (its name()) as libfabric's handle for it. Throws std::runtime_error.
   fi_addr_t insert(const std::string& name);
-  // "tcp;ofi_rxm on lo (tagged, RMA, memory registration: none needed, inject 64 B, libfabric 1.17)".
+  // "tcp;ofi_rxm on lo (tagged, RMA, directed receives, memory registration: none needed, inject 64 B,
+  // libfabric 1.17)".
   std::string describe() const;
   const char* providerName() const;
   bool offersRma() const {
     return rma_;
+  }
+  // Receives may name the one endpoint they take messages from (FI_DIRECTED_RECV): what any
+  // other endpoint sends never matches them. Only where the provider also matches them with what
+  // a peer sent before its address was inserted (rxm-based ones: tcp, verbs); elsewhere (shm) a
+  // receive takes its messages from any endpoint.
+  bool directsReceives() const {
+    return directed_;
   }
   // The provider carries RMA over the sockets its messages use (tcp, udp, sockets, net): no
   // hardware reads the memory.
@@ -115,6 +123,7 @@ class Fabric {
   fid_ep* ep_ = nullptr;
   int waitFd_ = -1;
   bool rma_ = false;
+  bool directed_ = false;
   std::string name_;
   uint64_t nextKey_ = 1;
 

@@ -111,8 +111,8 @@ bool OfiTransport::Stream::postChunks() {
 }
 
 bool OfiTransport::Stream::postSlot(int i) {
-  return taken(fi_trecv(ep(), slot(i), kChunkBytes, desc, FI_ADDR_UNSPEC, kStreamTag | static_cast<uint64_t>(peer),
-                        0, &slotPosts[i]),
+  return taken(fi_trecv(ep(), slot(i), kChunkBytes, desc, sender(), kStreamTag | static_cast<uint64_t>(peer), 0,
+                        &slotPosts[i]),
                "posting a receive");
 }
 
@@ -120,7 +120,7 @@ bool OfiTransport::Stream::postControlReceive() {
   if (controlReceivePosted || lied) {
     return true;
   }
-  controlReceivePosted = taken(fi_trecv(ep(), &creditWords()[0], sizeof(uint64_t), desc, FI_ADDR_UNSPEC,
+  controlReceivePosted = taken(fi_trecv(ep(), &creditWords()[0], sizeof(uint64_t), desc, sender(),
                                         kControlTag | static_cast<uint64_t>(peer), 0, &controlReceivePost),
                                "posting a receive");
   return controlReceivePosted;

@@ -104,6 +104,11 @@ struct OfiTransport::Stream : Link {
   uint64_t ownTag(uint64_t kind) const {
     return kind | static_cast<uint64_t>(transport->rank());
   }
+  // Whom the stream's receives take chunks and credits from: the peer's endpoint alone (the one
+  // the store published, or that its proven hello named), where the provider directs receives.
+  fi_addr_t sender() const {
+    return transport->fabric_.directsReceives() ? address : FI_ADDR_UNSPEC;
+  }
 
   // Before the endpoint closes: no memory of the stream's stays registered.
   void release();

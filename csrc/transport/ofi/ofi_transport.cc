@@ -198,7 +198,12 @@ void OfiTransport::makeStream(int peer, const std::string& name, const std::stri
   attach(peer, made);
 }
 
-void OfiTransport::onHello(const HelloMessage& hello) {
+void OfiTransport::onHello(const HelloMessage& hello, size_t bytes) {
+  if (bytes != sizeof(HelloMessage)) { // the rest of the slot holds an earlier hello's bytes
+    gate_.turnAway("a fabric endpoint", "its hello is " + std::to_string(bytes) + " bytes, not " +
+                                            std::to_string(sizeof(HelloMessage)));
+    return;
+  }
   const int peer = hello.rank;
   if (hello.magic != kHelloMagic || hello.size != size() || peer < 0 || peer >= size() || peer == rank() ||
       hello.nameBytes > sizeof(hello.name)) {
@@ -291,7 +296,7 @@ void OfiTransport::completed(ofi::Posted* posted, size_t bytes) {
     return;
   }
   if (posted->kind == kHelloReceive) {
-    onHello(hellos_[posted->index]);
+    onHello(hellos_[posted->index], bytes);
     postHello(posted->index);
     return;
   }

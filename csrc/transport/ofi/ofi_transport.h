@@ -30,7 +30,10 @@
 // Setup: each rank publishes "ofi/<rank>" (its lifeline's address and its endpoint's name). The
 // first send to or receive from a peer looks it up, inserts it in the address vector, posts the
 // slots for it and sends it a hello (kHelloTag, its rank and name) so that the peer makes its
-// side without a lookup. A rank keeps receives posted only for the peers it talks to.
+// side without a lookup. A rank keeps receives posted only for the peers it talks to, and where the
+// provider directs receives (FI_DIRECTED_RECV, Fabric::directsReceives) each takes chunks and
+// credits from the peer's endpoint alone: an endpoint that never proved a hello may send to this
+// rank, but nothing it sends is taken.
 //
 // Dead peers: no provider reliably reports one (BENCHMARKS.md), so each pair also holds a TCP
 // lifeline (ofi/lifelines.h) and nothing more is posted to a peer whose lifeline closed, on any

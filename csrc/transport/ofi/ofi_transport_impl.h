@@ -116,7 +116,8 @@ class OfiTransport : public MessageTransport {
   // farewell and whose process is gone (killed: nothing else would).
   void clearDeadSegments();
   void postHello(int slot);
-  void onHello(const HelloMessage& hello);
+  // A hello of `bytes` arrived: a stream is made for a peer that proves it belongs.
+  void onHello(const HelloMessage& hello, size_t bytes);
   // Looks at the lifelines (at most every kLifelineCheck unless `now`); true when a peer ended.
   bool checkLifelines(bool now);
   // This rank's farewell (the bytes of each stream, `why`) on every lifeline, now and later.
