@@ -4,7 +4,9 @@
 
 Two groups over the same ranks, one recording (TORUS_TRACE_BUFFER=2000, the default) and one not
 (0), take turns: each round times --calls back-to-back synchronous all_reduces of --bytes on each,
-in alternating order, so that the machine's drift hits both alike. Rank 0 prints each group's median
+in alternating order, so that the machine's drift hits both alike. --control makes both groups
+non-recording: what the two groups differ by without the recorder (their memory, their order of
+creation), the floor under which a measured cost means nothing. Rank 0 prints each group's median
 time per call over the rounds (the slowest rank's, per round), the ratio, and the spread of the
 per-round ratios.
 """
@@ -36,9 +38,11 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=40)
     parser.add_argument("--calls", type=int, default=2000)
     parser.add_argument("--bytes", type=int, default=4096)
+    parser.add_argument("--control", action="store_true", help="both groups without the recorder (an A/A run)")
     args = parser.parse_args()
     dist.init_process_group("torus")
-    groups = {"on": dist.new_group(backend="torus", pg_options=torch_torus.Options(trace_buffer=2000)),
+    groups = {"on": dist.new_group(backend="torus",
+                                   pg_options=torch_torus.Options(trace_buffer=0 if args.control else 2000)),
               "off": dist.new_group(backend="torus", pg_options=torch_torus.Options(trace_buffer=0))}
     tensor = torch.ones(args.bytes // 4)
     for group in groups.values():  # warm-up: the ring goes round once
@@ -51,7 +55,7 @@ def main() -> None:
         on, off = statistics.median(times["on"]), statistics.median(times["off"])
         ratios = sorted(a / b for a, b in zip(times["on"], times["off"]))
         quartiles = statistics.quantiles(ratios, n=4)
-        print(f"{dist.get_world_size()} ranks, {args.bytes} B, {args.rounds} rounds x {args.calls} calls: "
+        print(f"{'control (both off): ' if args.control else ''}{dist.get_world_size()} ranks, {args.bytes} B, {args.rounds} rounds x {args.calls} calls: "
               f"recorder on {on * 1e6:.2f} us, off {off * 1e6:.2f} us per call (median of rounds); "
               f"on/off {on / off:.4f}; per-round ratio quartiles {quartiles[0]:.4f} {quartiles[1]:.4f} "
               f"{quartiles[2]:.4f}")

@@ -121,6 +121,7 @@ SKIP_CAUSES = [
     ("no GPU or no CUDA build", ("no GPU", "built without CUDA", "without its CUDA path", "nvcc", "CUDA")),
     ("no MPI", ("mpi4py", "mpiexec", "MPI")),
     ("no network namespaces", ("emulate a cluster",)),
+    ("a limit of libfabric's shm provider", ("libfabric's shm provider",)),
     ("no libfabric", ("libfabric",)),
     ("a dtype/op pair every device rejects", ("rejected on every device",)),
     ("not for this backend", ("TORUS_TEST_BACKENDS", "torus's", "gloo")),
