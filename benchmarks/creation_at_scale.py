@@ -1,15 +1,16 @@
 """Group creation's store traffic at scale, simulated: `--ranks` ranks as threads spread over
 `--processes` processes, each thread with its own client of one real TCPStore, run the store
-protocol of a torus group's creation by calling torch_torus's own functions (agree_epoch, meet,
-agree_settings), then the C++ side's operations: sharing the group's secret, publishing this
-rank's TCP address, and, for the first collective, looking up its two ring neighbours' as the
-transport does (check, then get, with its backoff while absent). Nothing else of a group is created: no socket, no thread.
+protocol of a torus group's creation by calling torch_torus's own functions (torch_torus.meet:
+the one round in which the ranks agree on the epoch, meet and compare settings; publish_secret),
+then the C++ side's operations: publishing this rank's TCP address, and, for the first
+collective, looking up its two ring neighbours' as the transport's PublishedLookups does (a wait
+for the key, then a get). Nothing else of a group is created: no socket, no thread.
 
 Beside it, the floor on the same store: an `add` counter and one `wait` for "every rank has
 arrived". Each phase starts on every rank at once after a store barrier; a rank times its own.
 Creation runs twice on the same store under the same group name: the second is a re-creation,
 reading past what the first left. Prints, per size, the slowest rank's time of each phase, the
-store operations per rank (most, fewest) and the store's requests per second during creation:
+store operations per rank (fewest-most) and the store's requests per second during creation:
 
     python benchmarks/creation_at_scale.py --ranks 256 1024 4096 --processes 8
 
@@ -23,19 +24,20 @@ import argparse
 import datetime
 import json
 import multiprocessing
-import os
+import socket
 import threading
 import time
 
 import torch.distributed as dist
 
-from torch_torus.agreement import agree_settings, shared_values
+from torch_torus import meet, publish_secret
 from torch_torus.config import resolve
-from torch_torus.topology import agree_epoch, meet, wait_for_key
+from torch_torus.topology import wait_for_key
 
 TIMEOUT_S = 600.0
-# The transport's backoff between looks for an address not published yet (rendezvous.cc).
-_FIRST_BACKOFF_S, _MAX_BACKOFF_S = 0.001, 0.1
+# The store's listen backlog (the kernel caps it at net.core.somaxconn), and how many simulated
+# ranks of one process connect to it at once.
+_BACKLOG, _CONNECTING = 4096, 32
 
 
 class CountingStore(dist.Store):
@@ -87,33 +89,23 @@ class CountingStore(dist.Store):
         return self.store.num_keys()
 
 
-def create(store: dist.Store, rank: int, size: int, shared: dict[str, str], timeout: float = TIMEOUT_S) -> dist.Store:
+def create(store: dist.Store, rank: int, size: int, values: dict, timeout: float = TIMEOUT_S) -> dist.Store:
     """The store operations of creating a torus group on one rank (one rank per host, over TCP),
     in the order torch_torus._create_backend and the C++ transport issue them; returns the
     group's own store (under its epoch)."""
-    address = f"10.{rank >> 16 & 255}.{rank >> 8 & 255}.{rank & 255}:29500"
-    epoch = agree_epoch(store, rank, size, timeout)
-    group = dist.PrefixStore(f"torus/{epoch}", store)
-    meet(group, rank, size, f"host{rank}", address, "")
-    agree_settings(group, rank, size, shared)
-    # The group's secret (transport/group_secret.cc): rank 0 sets it, the others block on it.
+    address = f"10.{rank >> 16 & 255}.{rank >> 8 & 255}.{rank & 255}"
+    result = meet(store, rank, size, values, f"host{rank}", address, None, timeout, "simulated")
+    group = dist.PrefixStore(f"torus/{result['epoch']}", store)
     if rank == 0:
-        group.set("auth/secret", os.urandom(32))
-    else:
-        group.get("auth/secret")
-    group.set(f"tcp/{rank}", address)  # TcpTransport's constructor
+        publish_secret(group, bytes.fromhex(result["secret"]))
+    group.set(f"tcp/{rank}", f"{address}:29500")  # TcpTransport's constructor
     return group
 
 
 def look_up(group: dist.Store, peer: int, timeout: float = TIMEOUT_S) -> str:
-    """A peer's address, looked up as the transport's lookUpPublished does (rendezvous.cc)."""
-    key, deadline, pause = f"tcp/{peer}", time.monotonic() + timeout, _FIRST_BACKOFF_S
-    while not group.check([key]):
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"rank {peer} did not publish its address")
-        time.sleep(pause)
-        pause = min(pause * 2, _MAX_BACKOFF_S)
-    return bytes(group.get(key)).decode()
+    """A peer's address, looked up as the transport's PublishedLookups does (rendezvous.cc):
+    a wait for its key, then a get."""
+    return wait_for_key(group, f"tcp/{peer}", time.monotonic() + timeout, read=True)
 
 
 def floor(store: dist.Store, rank: int, size: int, name: str, timeout: float = TIMEOUT_S) -> None:
@@ -132,7 +124,7 @@ def _barrier(client: dist.Store, size: int, name: str) -> None:
 PHASES = ("floor 1", "creation", "floor 2", "re-creation")
 
 
-def _simulated_rank(rank: int, size: int, port: int, connecting: threading.Semaphore, shared: dict[str, str],
+def _simulated_rank(rank: int, size: int, port: int, connecting: threading.Semaphore, values: dict,
                     out: dict, errors: list) -> None:
     try:
         with connecting:
@@ -146,7 +138,7 @@ def _simulated_rank(rank: int, size: int, port: int, connecting: threading.Semap
                 floor(counting, rank, size, phase)
                 out[(rank, phase)] = (time.perf_counter() - start, len(counting.ops))
                 continue
-            group = create(counting, rank, size, shared)
+            group = create(counting, rank, size, values)
             out[(rank, phase)] = (time.perf_counter() - start, len(counting.ops))
             for peer in ((rank - 1) % size, (rank + 1) % size):
                 look_up(group, peer)
@@ -156,12 +148,12 @@ def _simulated_rank(rank: int, size: int, port: int, connecting: threading.Semap
 
 
 def _process(index: int, processes: int, size: int, port: int, results) -> None:
-    shared = shared_values(resolve(), {})
+    values = resolve()
     out: dict = {}
     errors: list[str] = []
-    # A few connections at a time: thousands at once overflow the server's listen backlog.
-    connecting = threading.Semaphore(16)
-    threads = [threading.Thread(target=_simulated_rank, args=(r, size, port, connecting, shared, out, errors))
+    # A few connections at a time per process: thousands at once would overflow the listen backlog.
+    connecting = threading.Semaphore(_CONNECTING)
+    threads = [threading.Thread(target=_simulated_rank, args=(r, size, port, connecting, values, out, errors))
                for r in range(index, size, processes)]
     for thread in threads:
         thread.start()
@@ -173,8 +165,18 @@ def _process(index: int, processes: int, size: int, port: int, results) -> None:
 def simulate(size: int, processes: int) -> dict:
     """One run at `size` ranks: per phase, the slowest rank's seconds, the most and fewest store
     operations of a rank, and the store's requests per second over the slowest rank's time."""
-    server = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False,
-                           timeout=datetime.timedelta(seconds=TIMEOUT_S))
+    # The store listens on an IPv4 socket of ours: on its own (dual-stack IPv6) socket it sees each
+    # client as ::ffff:127.0.0.1, which /etc/hosts does not name, and looks that up in DNS on
+    # its one thread as it accepts the client; where the DNS server drops a query now and then
+    # (here: one in ~50), the whole store stops for the resolver's 5 s timeout each time, and
+    # thousands of clients never all connect. (Each client still looks the store's address up
+    # once, on its own thread.)
+    listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    listener.bind(("127.0.0.1", 0))
+    listener.listen(_BACKLOG)
+    server = dist.TCPStore("127.0.0.1", listener.getsockname()[1], is_master=True, wait_for_workers=False,
+                           timeout=datetime.timedelta(seconds=TIMEOUT_S), master_listen_fd=listener.fileno())
     context = multiprocessing.get_context("spawn")
     results = context.Queue()
     workers = [context.Process(target=_process, args=(i, processes, size, server.port, results))

@@ -38,21 +38,8 @@ def host_identity() -> str:
     return "|".join(parts)
 
 
-# A rank that cannot create the group publishes this, then its error, in place of its record (here,
-# and in agreement.py's digests).
+# A rank that cannot create the group publishes this, then its error, in place of its record.
 FAILED = "\x00failed\x00"
-# Where rank 0 publishes what every rank reads back.
-_MEETING_KEY = "torus/meeting"
-
-
-def publish_failure(store, rank: int, error: str) -> None:
-    """Tell the group's other ranks, waiting in meet(), that this one cannot join."""
-    try:
-        store.set(f"torus/host/{rank}", FAILED + error)
-        if rank == 0:  # nobody else would publish the meeting
-            store.set(_MEETING_KEY, json.dumps({"failed": {"0": error}}))
-    except Exception:  # the store is gone too: the others will time out, naming the key
-        pass
 
 
 @dataclass(frozen=True)
@@ -63,6 +50,13 @@ class Meeting:
     # The first rank that would listen on a loopback address while the group spans hosts, its
     # address, and its TORUS_SOCKET_IFNAME; None when there is none.
     loopback: tuple[int, str, str] | None = None
+
+    @classmethod
+    def of(cls, answer: dict, size: int) -> "Meeting":
+        """The meeting `answer` (meeting_of's) tells a group of `size` ranks of."""
+        numbers = answer["hosts"] if "hosts" in answer else [r // answer["ranks_per_host"] for r in range(size)]
+        loopback = answer["loopback"]
+        return cls([f"host{h}" for h in numbers], tuple(loopback) if loopback else None)
 
     def check_addresses(self, rank: int) -> None:
         """Fail, on every rank alike, when a rank would publish a loopback address to peers on
@@ -101,46 +95,30 @@ def describe_failures(failed: dict[str, str]) -> str:
     return "; ".join(f"rank {r} cannot create the group: {why}" for r, why in failed.items())
 
 
-def meeting_of(records: list[str]) -> dict:
-    """Rank 0's answer to the records every rank published (rank order): failures, else host
-    numbers and the loopback verdict."""
-    failed = failures_of(records)
-    if failed:
-        return {"failed": failed}
-    parsed = [json.loads(v) for v in records]
+def meeting_record(identity: str, address: str, ifname: str) -> dict:
+    """What a rank tells rank 0 of where it lives (meeting_of reads it)."""
+    return {"id": identity, "address": address, "ifname": ifname}
+
+
+def meeting_of(records: list[dict]) -> dict:
+    """Rank 0's answer to every rank's meeting_record (rank order): host numbers and the loopback
+    verdict. The host numbers travel as ranks_per_host when every host holds that many ranks in
+    a row (the usual layout, and one rank per host), so that no rank reads a list of them all."""
     numbers: dict[str, int] = {}
-    hosts = [numbers.setdefault(record["id"], len(numbers)) for record in parsed]
+    hosts = [numbers.setdefault(record["id"], len(numbers)) for record in records]
     loopback = None
     if len(numbers) > 1:
-        loopback = next(([r, record["address"], record["ifname"]] for r, record in enumerate(parsed)
+        loopback = next(([r, record["address"], record["ifname"]] for r, record in enumerate(records)
                          if _is_loopback(record["address"])), None)
+    per_host = len(hosts) // len(numbers)
+    if len(hosts) % len(numbers) == 0 and all(h == r // per_host for r, h in enumerate(hosts)):
+        return {"ranks_per_host": per_host, "loopback": loopback}
     return {"hosts": hosts, "loopback": loopback}
 
 
-def meet(store, rank: int, size: int, identity: str, address: str = "", ifname: str = "") -> Meeting:
-    """The ranks of a group meet in its store: each publishes its host identity and address, rank
-    0 reads them all and publishes one answer, which the others read. So a rank reads one key
-    (rank 0: one per rank) however large the group, where reading every rank's record on every
-    rank would cost the store size² reads. A ConfigError naming the rank(s) and their errors
-    when some could not create the group."""
-    record = json.dumps({"id": identity, "address": address, "ifname": ifname})
-    store.set(f"torus/host/{rank}", record)
-    if rank == 0:
-        records = [bytes(v).decode("utf-8", "replace")
-                   for v in store.multi_get([f"torus/host/{r}" for r in range(size)])]
-        answer = meeting_of(records)
-        store.set(_MEETING_KEY, json.dumps(answer))
-    else:
-        answer = json.loads(bytes(store.get(_MEETING_KEY)).decode())
-    if "failed" in answer:
-        raise ConfigError(describe_failures(answer["failed"]))
-    loopback = answer["loopback"]
-    return Meeting([f"host{h}" for h in answer["hosts"]], tuple(loopback) if loopback else None)
-
-
-# The keys of the agreement on a group's epoch, the only ones a group reads that an earlier group
-# of the same name (an earlier attempt under torchrun, whose agent keeps its store across
-# restarts; a group destroyed and created again on the same store) may have left.
+# The keys of the ranks' meeting, the only ones a group reads that an earlier group of the same
+# name (an earlier attempt under torchrun, whose agent keeps its store across restarts; a group
+# destroyed and created again on the same store) may have left.
 _ARRIVALS_KEY = "torus/epoch/arrivals"
 # What rank 0 adds to the arrivals counter (every other rank adds 1): the counter's value divided
 # by it counts the rank 0s that ever arrived, which numbers their generations.
@@ -160,61 +138,82 @@ def latest_epoch(store) -> str | None:
     key = _generation_key(generation, "result")
     if generation == 0 or not store.check([key]):
         return None
-    epoch = bytes(store.get(key)).decode()
-    return epoch if epoch and epoch != SUPERSEDED else None
+    result = bytes(store.get(key)).decode()
+    return json.loads(result)["epoch"] if result and result != SUPERSEDED else None
 
 
-def agree_epoch(store, rank: int, size: int, timeout: float) -> str:
-    """A name no earlier group on this store has used, agreed by every rank of this one, in O(1)
-    store operations per rank, each either immediate or a blocking wait (no polling).
+def agree(store, rank: int, size: int, record: str, decide, timeout: float, detail: str = "") -> dict | None:
+    """The one round in which the ranks of a group meet in its store: each publishes `record`
+    (and `detail`, which rank 0 reads only when it asks), rank 0 reads every record with one
+    read, and `decide(records, details)` (records in rank order; details(ranks) reads those
+    ranks' details) makes the result every rank returns, with "epoch" added: a name no earlier
+    group on this store has used, under which the group keeps its keys (torus/<epoch>/). A
+    record FAILED + error says the rank cannot create the group: rank 0's fails it at once
+    ({"failed": {"0": error}}), another rank's returns None at once, and rank 0 gets it among
+    the records. O(1) store operations per rank, each immediate or a blocking wait (no polling).
 
     Every arrival adds to one counter: rank 0 a large constant, the others 1, so the value tells
     each arriving rank how many rank 0s have arrived, which numbers the generations. A rank joins
     generation g only once g's rank 0 had arrived (the counter said so, or a later key that only
     that rank 0 sets): so every rank that joins g is a contemporary of g's rank 0, never a rank
     of an earlier attempt whose rank 0 is gone. Generation g's rank 0 waits until size - 1 ranks
-    joined, then sets g's result to the epoch; a later rank 0 sets it to SUPERSEDED first when g's
-    rank 0 never did (it died), and its ranks join the next generation. The result is set with
+    joined, then sets g's result; a later rank 0 sets it to SUPERSEDED first when g's rank 0
+    never did (it died), and its ranks join the next generation. The result is set with
     compare_set, so it is one or the other, once. A rank that finds g full already (an earlier
-    group of this name completed it) waits for the next rank 0. Every other key of the group lives
-    under torus/<epoch>/. Raises TimeoutError naming the ranks that did not join within `timeout`
-    seconds."""
+    group of this name completed it) waits for the next rank 0. Raises TimeoutError naming the
+    ranks that did not join within `timeout` seconds."""
     if size == 1:
-        return secrets.token_hex(8)
+        return {**decide([record], lambda ranks: [detail]), "epoch": secrets.token_hex(8)}
     deadline = time.monotonic() + timeout
-    if rank == 0:
-        generation = store.add(_ARRIVALS_KEY, RANK0_ARRIVAL) // RANK0_ARRIVAL
-        store.set(_generation_key(generation - 1, "next"), "")
-        if generation > 1:
-            store.compare_set(_generation_key(generation - 1, "result"), "", SUPERSEDED)
+    if rank != 0:
         try:
-            wait_for_key(store, _generation_key(generation, "full"), deadline)
+            return _join(store, rank, size, record, detail, deadline)
         except TimeoutError:
-            joined = [r for r in range(1, size) if store.check([_generation_key(generation, f"rank/{r}")])]
-            missing = sorted(set(range(1, size)) - set(joined))
-            raise TimeoutError(f"ranks {missing} did not join within {timeout:g} s") from None
-        epoch = f"{generation}-{secrets.token_hex(8)}"
-        store.compare_set(_generation_key(generation, "result"), "", epoch)
-        return epoch
+            raise TimeoutError(f"rank 0 did not confirm rank {rank}'s joining within {timeout:g} s") from None
+    generation = store.add(_ARRIVALS_KEY, RANK0_ARRIVAL) // RANK0_ARRIVAL
+    store.set(_generation_key(generation - 1, "next"), "")
+    if generation > 1:
+        store.compare_set(_generation_key(generation - 1, "result"), "", SUPERSEDED)
+    epoch = f"{generation}-{secrets.token_hex(8)}"
+    if record.startswith(FAILED):  # the others fail as they join
+        result = {"failed": {"0": record[len(FAILED):]}, "epoch": epoch}
+        store.compare_set(_generation_key(generation, "result"), "", json.dumps(result))
+        return result
     try:
-        return _join(store, rank, size, deadline)
+        wait_for_key(store, _generation_key(generation, "full"), deadline)
     except TimeoutError:
-        raise TimeoutError(f"rank 0 did not confirm rank {rank}'s joining within {timeout:g} s") from None
+        joined = [r for r in range(1, size) if store.check([_generation_key(generation, f"rank/{r}")])]
+        missing = sorted(set(range(1, size)) - set(joined))
+        raise TimeoutError(f"ranks {missing} did not join within {timeout:g} s") from None
+    records = [record] + [bytes(v).decode("utf-8", "replace") for v in
+                          store.multi_get([_generation_key(generation, f"rank/{r}") for r in range(1, size)])]
+
+    def details(ranks: list[int]) -> list[str]:
+        theirs = [r for r in ranks if r != 0]
+        read = dict(zip(theirs, store.multi_get([_generation_key(generation, f"detail/{r}") for r in theirs])))
+        return [detail if r == 0 else bytes(read[r]).decode("utf-8", "replace") for r in ranks]
+
+    result = {**decide(records, details), "epoch": epoch}
+    store.compare_set(_generation_key(generation, "result"), "", json.dumps(result))
+    return result
 
 
-def _join(store, rank: int, size: int, deadline: float) -> str:
-    """agree_epoch on a rank other than 0: the epoch of the generation it joined."""
+def _join(store, rank: int, size: int, record: str, detail: str, deadline: float) -> dict | None:
+    """agree on a rank other than 0: the result of the generation it joined."""
+    keys = [f"rank/{rank}"] + ([f"detail/{rank}"] if detail else [])
     generation = store.add(_ARRIVALS_KEY, 1) // RANK0_ARRIVAL
     while True:
         if generation > 0:
-            store.set(_generation_key(generation, f"rank/{rank}"), "")
+            store.multi_set([_generation_key(generation, key) for key in keys], [record, detail][:len(keys)])
             place = store.add(_generation_key(generation, "count"), 1)
             if place == size - 1:
                 store.set(_generation_key(generation, "full"), "")
             if place < size:
+                if record.startswith(FAILED):
+                    return None
                 result = wait_for_key(store, _generation_key(generation, "result"), deadline, read=True)
                 if result != SUPERSEDED:
-                    return result
+                    return json.loads(result)
                 generation += 1
                 continue
         # No rank 0 had arrived, or the generation's rank 0 has its ranks already: this rank's
