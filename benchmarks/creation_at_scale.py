@@ -8,9 +8,11 @@ for the key, then a get). Nothing else of a group is created: no socket, no thre
 
 Beside it, the floor on the same store: an `add` counter and one `wait` for "every rank has
 arrived". Each phase starts on every rank at once after a store barrier; a rank times its own.
-Creation runs twice on the same store under the same group name: the second is a re-creation,
-reading past what the first left. Prints, per size, the slowest rank's time of each phase, the
-store operations per rank (fewest-most) and the store's requests per second during creation:
+Floor and creation run in turn, `--repeats` times, on the same store under the same group name:
+the first creation creates the group, the later ones create it again, reading past what the
+earlier ones left. Prints, per size, the median over the repeats of the slowest rank's time of
+floor and creation (and the first creation's), the store operations per rank (fewest-most) and
+the store's requests per second during creation:
 
     python benchmarks/creation_at_scale.py --ranks 256 1024 4096 --processes 8
 
@@ -22,6 +24,7 @@ from __future__ import annotations
 
 import argparse
 import datetime
+import gc
 import json
 import multiprocessing
 import socket
@@ -121,16 +124,19 @@ def _barrier(client: dist.Store, size: int, name: str) -> None:
     client.wait([f"sim/{name}/go"], datetime.timedelta(seconds=TIMEOUT_S))
 
 
-PHASES = ("floor 1", "creation", "floor 2", "re-creation")
+def phases(repeats: int) -> list[str]:
+    """Floor and creation in turn, `repeats` times: creation 1 creates the group, the later ones
+    create it again under the same name (the keys of the earlier ones still in the store)."""
+    return [f"{what} {i}" for i in range(1, repeats + 1) for what in ("floor", "creation")]
 
 
 def _simulated_rank(rank: int, size: int, port: int, connecting: threading.Semaphore, values: dict,
-                    out: dict, errors: list) -> None:
+                    repeats: int, out: dict, errors: list) -> None:
     try:
         with connecting:
             client = dist.TCPStore("127.0.0.1", port, is_master=False, wait_for_workers=False,
                                    timeout=datetime.timedelta(seconds=TIMEOUT_S))
-        for phase in PHASES:
+        for phase in phases(repeats):
             counting = CountingStore(client)
             _barrier(client, size, phase)
             start = time.perf_counter()
@@ -147,13 +153,20 @@ def _simulated_rank(rank: int, size: int, port: int, connecting: threading.Semap
         errors.append(f"rank {rank}: {type(error).__name__}: {error}")
 
 
-def _process(index: int, processes: int, size: int, port: int, results) -> None:
+def _process(index: int, processes: int, size: int, repeats: int, port: int, results) -> None:
     values = resolve()
+    # Hundreds of simulated ranks share this process and its interpreter lock: a collection of
+    # the whole heap (torch's included) stops them all for a good part of a second, where each
+    # real rank would spend its own, far smaller, collections on its own core. Nothing here
+    # makes cycles worth collecting.
+    gc.collect()
+    gc.freeze()
+    gc.disable()
     out: dict = {}
     errors: list[str] = []
     # A few connections at a time per process: thousands at once would overflow the listen backlog.
     connecting = threading.Semaphore(_CONNECTING)
-    threads = [threading.Thread(target=_simulated_rank, args=(r, size, port, connecting, values, out, errors))
+    threads = [threading.Thread(target=_simulated_rank, args=(r, size, port, connecting, values, repeats, out, errors))
                for r in range(index, size, processes)]
     for thread in threads:
         thread.start()
@@ -162,7 +175,7 @@ def _process(index: int, processes: int, size: int, port: int, results) -> None:
     results.put((out, errors))
 
 
-def simulate(size: int, processes: int) -> dict:
+def simulate(size: int, processes: int, repeats: int) -> dict:
     """One run at `size` ranks: per phase, the slowest rank's seconds, the most and fewest store
     operations of a rank, and the store's requests per second over the slowest rank's time."""
     # The store listens on an IPv4 socket of ours: on its own (dual-stack IPv6) socket it sees each
@@ -179,7 +192,7 @@ def simulate(size: int, processes: int) -> dict:
                            timeout=datetime.timedelta(seconds=TIMEOUT_S), master_listen_fd=listener.fileno())
     context = multiprocessing.get_context("spawn")
     results = context.Queue()
-    workers = [context.Process(target=_process, args=(i, processes, size, server.port, results))
+    workers = [context.Process(target=_process, args=(i, processes, size, repeats, server.port, results))
                for i in range(processes)]
     for worker in workers:
         worker.start()
@@ -193,7 +206,7 @@ def simulate(size: int, processes: int) -> dict:
     if errors:
         raise RuntimeError(f"{len(errors)} simulated ranks failed, e.g. " + "; ".join(errors[:3]))
     row = {"ranks": size, "processes": processes}
-    for phase in PHASES + ("creation and lookups", "re-creation and lookups"):
+    for phase in phases(repeats) + [f"creation {i} and lookups" for i in range(1, repeats + 1)]:
         times = [out[(r, phase)][0] for r in range(size)]
         ops = [out[(r, phase)][1] for r in range(size)]
         row[phase] = {"slowest_s": max(times), "ops_max": max(ops), "ops_min": min(ops),
@@ -201,25 +214,34 @@ def simulate(size: int, processes: int) -> dict:
     return row
 
 
+def _median(values: list[float]) -> float:
+    return sorted(values)[len(values) // 2]
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--ranks", type=int, nargs="+", default=[256, 1024, 4096])
     parser.add_argument("--processes", type=int, default=8)
+    parser.add_argument("--repeats", type=int, default=5, help="floor and creation, in turn, this many times")
     parser.add_argument("--json", help="also write the rows here")
     args = parser.parse_args()
     rows = []
-    print("| ranks | floor (slowest rank) | creation | ÷ floor | with the first collective's 2 lookups | "
-          "re-creation | ÷ floor | store ops per rank (creation; with lookups) | store requests/s (creation) |")
-    print("|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+    print("| ranks | floor (slowest rank) | creation | ÷ floor | first creation | with the first collective's 2 "
+          "lookups | store ops per rank (creation; with lookups) | store requests/s (creation) |")
+    print("|---:|---:|---:|---:|---:|---:|---:|---:|")
     for size in args.ranks:
-        row = simulate(size, args.processes)
+        row = simulate(size, args.processes, args.repeats)
         rows.append(row)
-        floor_s = min(row["floor 1"]["slowest_s"], row["floor 2"]["slowest_s"])
-        first, looked, again = row["creation"], row["creation and lookups"], row["re-creation"]
-        print(f"| {size:,} | {floor_s:.3f} s | {first['slowest_s']:.3f} s | {first['slowest_s'] / floor_s:.1f} | "
-              f"{looked['slowest_s']:.3f} s | {again['slowest_s']:.3f} s | {again['slowest_s'] / floor_s:.1f} | "
-              f"{first['ops_min']}-{first['ops_max']}; {looked['ops_min']}-{looked['ops_max']} | "
-              f"{first['requests_per_s']:,.0f} |", flush=True)
+        runs = range(1, args.repeats + 1)
+        floor_s = _median([row[f"floor {i}"]["slowest_s"] for i in runs])
+        created = [row[f"creation {i}"] for i in runs]
+        creation_s = _median([c["slowest_s"] for c in created])
+        looked = [row[f"creation {i} and lookups"] for i in runs]
+        print(f"| {size:,} | {floor_s:.3f} s | {creation_s:.3f} s | {creation_s / floor_s:.1f} | "
+              f"{created[0]['slowest_s']:.3f} s | {_median([c['slowest_s'] for c in looked]):.3f} s | "
+              f"{min(c['ops_min'] for c in created)}-{max(c['ops_max'] for c in created)}; "
+              f"{min(c['ops_min'] for c in looked)}-{max(c['ops_max'] for c in looked)} | "
+              f"{_median([c['requests_per_s'] for c in created]):,.0f} |", flush=True)
     if args.json:
         with open(args.json, "w") as f:
             json.dump(rows, f, indent=1)

@@ -79,6 +79,8 @@ class Meeting:
 
 
 def _is_loopback(address: str) -> bool:
+    if not address.startswith("127.") and ":" not in address:  # rank 0 looks at every rank's: be quick
+        return False
     try:
         return ipaddress.ip_address(address).is_loopback
     except ValueError:
