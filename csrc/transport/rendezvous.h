@@ -59,7 +59,8 @@ class PublishedLookups {
 
   // How long one wait for a key lasts at most: the thread then looks whether it is to stop,
   // and lets the next key's lookup go first (one peer that never publishes delays the others'
-  // by at most this).
+  // by at most this; so does a TCPStore client, which serves one request at a time, delay the
+  // rank's other store operations).
   static constexpr auto kSlice = std::chrono::milliseconds(1000);
 
  private:
