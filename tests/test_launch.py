@@ -410,6 +410,17 @@ def test_a_rank_that_cannot_join_is_named_on_every_rank():
         assert describe_failures(alone[rank]["failed"]) == "rank 0 cannot create the group: no such interface"
 
 
+def test_a_record_rank_0_cannot_read_fails_every_rank_at_once():
+    """Records come from the network: one rank 0 cannot parse fails the group on every rank at
+    once, naming the error, rather than leaving the others to their timeout."""
+    results = _meet_in_threads(dist.HashStore(), {0: "{}", 1: "{", 2: "{}"}, 3,
+                               lambda records, details: {"hosts": [json.loads(r) for r in records]})
+    assert isinstance(results[0], json.JSONDecodeError), results
+    for rank in (1, 2):
+        assert describe_failures(results[rank]["failed"]).startswith(
+            "rank 0 cannot create the group: JSONDecodeError"), results
+
+
 def test_interface_address_of_loopback():
     assert local_address("lo") == "127.0.0.1"
     assert local_address("", environ={"MASTER_ADDR": "127.0.0.1"}) == "127.0.0.1"

@@ -195,7 +195,12 @@ def agree(store, rank: int, size: int, record: str, decide, timeout: float, deta
         read = dict(zip(theirs, store.multi_get([_generation_key(generation, f"detail/{r}") for r in theirs])))
         return [detail if r == 0 else bytes(read[r]).decode("utf-8", "replace") for r in ranks]
 
-    result = {**decide(records, details), "epoch": epoch}
+    try:
+        result = {**decide(records, details), "epoch": epoch}
+    except Exception as error:  # a record it cannot read: the others fail at once too, naming it
+        failed = {"failed": {"0": f"{type(error).__name__}: {error}"}, "epoch": epoch}
+        store.compare_set(_generation_key(generation, "result"), "", json.dumps(failed))
+        raise
     store.compare_set(_generation_key(generation, "result"), "", json.dumps(result))
     return result
 
