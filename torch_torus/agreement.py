@@ -17,17 +17,19 @@ import json
 
 from .config import SETTINGS, ConfigError, Rule, render_rules
 
-def shared_values(values: dict, tables: dict[str, tuple[Rule, ...]]) -> dict[str, str]:
-    """What this rank must agree on with its peers: each shared setting's value (or the part of
-    it that must agree) as text, then each collective's resolved algorithm table."""
+def shared_values(values: dict) -> dict[str, str]:
+    """Each shared setting's value (or the part of it that must agree) as text."""
     shared = {}
     for setting in SETTINGS:
         if setting.shared:
             value = values[setting.option]
             shared[setting.name] = str(setting.agreed(value)) if setting.agreed else setting.render(value)
-    for collective, rules in tables.items():
-        shared[f"the {collective} table"] = render_rules(rules)
     return shared
+
+
+def table_texts(tables: dict[str, tuple[Rule, ...]]) -> dict[str, str]:
+    """Each collective's resolved algorithm table as text, named as differences name it."""
+    return {f"the {collective} table": render_rules(rules) for collective, rules in tables.items()}
 
 
 def describe_ranks(ranks) -> str:
@@ -67,7 +69,7 @@ def disagreements(records: dict[tuple[int, ...], dict[str, str]]) -> list[str]:
 def settings_record(values: dict, tuning: dict | None) -> tuple[str, str]:
     """(digest, detail) of what this rank must agree on with its peers: its shared settings and
     `tuning` ({"path", "entries": the tuning file's entries as stored}, or None)."""
-    detail = json.dumps({"shared": shared_values(values, {}), "tuning": tuning}, sort_keys=True)
+    detail = json.dumps({"shared": shared_values(values), "tuning": tuning}, sort_keys=True)
     return hashlib.sha256(detail.encode()).hexdigest(), detail
 
 
@@ -88,8 +90,7 @@ def settings_verdict(digests: list[str], details, tables_of) -> str:
         tables, failed = {}, []
         for ranks, detail in zip(groups, read):
             try:
-                tables[tuple(ranks)] = {f"the {c} table": render_rules(rules)
-                                        for c, rules in tables_of(detail["tuning"]).items()}
+                tables[tuple(ranks)] = table_texts(tables_of(detail["tuning"]))
             except ConfigError as error:
                 failed.append(f"{describe_ranks(ranks)} cannot create the group: {error}")
         if failed:
