@@ -25,12 +25,12 @@ def _torus_ops(ops: list[tuple[str, str]]) -> list[str]:
     """The operations on torus's keys, their numbers and epochs written as '#' (c10d's own
     prefixes and keys dropped)."""
     out = []
-    for op, key in ops:
-        if "torus/" in key:
-            key = key[key.index("torus/"):]
-        elif not key.endswith(" keys"):
+    for op, keys in ops:
+        if "torus/" in keys:  # a wait for several keys lists them all
+            keys = ",".join(key[key.index("torus/"):] for key in keys.split(","))
+        elif not keys.endswith(" keys"):
             continue
-        out.append(f"{op} {re.sub(r'[0-9]+(-[0-9a-f]+)?', '#', key)}")
+        out.append(f"{op} {re.sub(r'[0-9]+(-[0-9a-f]+)?', '#', keys)}")
     return out
 
 
@@ -166,9 +166,8 @@ def test_no_epoch_is_taken_from_an_earlier_group():
 
     generation = server.add("torus/epoch/arrivals", RANK0_ARRIVAL) // RANK0_ARRIVAL
     for rank in (1, 3):
-        server.add("torus/epoch/arrivals", 1)
-        server.set(f"torus/epoch/{generation}/rank/{rank}", "")
-        server.add(f"torus/epoch/{generation}/count", 1)
+        number = server.add("torus/epoch/arrivals", 1) % RANK0_ARRIVAL
+        server.set(f"torus/epoch/{generation}/arrival/{number}", f"{rank}\n{{}}")
     fresh_group()
     # An attempt killed before its rank 0 arrived, one rank waiting for it.
     server.add("torus/epoch/arrivals", 1)

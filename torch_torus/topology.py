@@ -151,19 +151,20 @@ def agree(store, rank: int, size: int, record: str, decide, timeout: float, deta
     ranks' details) makes the result every rank returns, with "epoch" added: a name no earlier
     group on this store has used, under which the group keeps its keys (torus/<epoch>/). A
     record FAILED + error says the rank cannot create the group: rank 0's fails it at once
-    ({"failed": {"0": error}}), another rank's returns None at once, and rank 0 gets it among
-    the records. O(1) store operations per rank, each immediate or a blocking wait (no polling).
+    ({"failed": {"0": error}}), another rank's returns None, and rank 0 gets it among the
+    records. O(1) store operations per rank, each immediate or a blocking wait (no polling).
 
     Every arrival adds to one counter: rank 0 a large constant, the others 1, so the value tells
-    each arriving rank how many rank 0s have arrived, which numbers the generations. A rank joins
-    generation g only once g's rank 0 had arrived (the counter said so, or a later key that only
-    that rank 0 sets): so every rank that joins g is a contemporary of g's rank 0, never a rank
-    of an earlier attempt whose rank 0 is gone. Generation g's rank 0 waits until size - 1 ranks
-    joined, then sets g's result; a later rank 0 sets it to SUPERSEDED first when g's rank 0
-    never did (it died), and its ranks join the next generation. The result is set with
-    compare_set, so it is one or the other, once. A rank that finds g full already (an earlier
-    group of this name completed it) waits for the next rank 0. Raises TimeoutError naming the
-    ranks that did not join within `timeout` seconds."""
+    each arriving rank how many rank 0s have arrived, which numbers the generations, and its
+    arrival number (how many other ranks ever arrived before it). Generation g's members are the
+    size - 1 ranks that arrive next after g's rank 0: so every member is a contemporary of g's
+    rank 0, never a rank of an earlier attempt whose rank 0 is gone. Each sets its record under
+    its arrival number (no rank overwrites another's); rank 0, which knows those numbers from its
+    own, waits for them, reads them and sets g's result, naming the numbers it took. A rank whose
+    number it does not name (it arrived before g's rank 0, or after g filled), or whose
+    generation's rank 0 died (a later rank 0 sets that result to SUPERSEDED first; compare_set,
+    so it is one or the other, once), waits for the next rank 0 and arrives again. Raises
+    TimeoutError naming the ranks that did not join within `timeout` seconds."""
     if size == 1:
         return {**decide([record], lambda ranks: [detail]), "epoch": secrets.token_hex(8)}
     deadline = time.monotonic() + timeout
@@ -172,78 +173,94 @@ def agree(store, rank: int, size: int, record: str, decide, timeout: float, deta
             return _join(store, rank, size, record, detail, deadline)
         except TimeoutError:
             raise TimeoutError(f"rank 0 did not confirm rank {rank}'s joining within {timeout:g} s") from None
-    generation = store.add(_ARRIVALS_KEY, RANK0_ARRIVAL) // RANK0_ARRIVAL
+    arrival = store.add(_ARRIVALS_KEY, RANK0_ARRIVAL)
+    generation, first = arrival // RANK0_ARRIVAL, arrival % RANK0_ARRIVAL + 1
     store.set(_generation_key(generation - 1, "next"), "")
     if generation > 1:
         store.compare_set(_generation_key(generation - 1, "result"), "", SUPERSEDED)
-    epoch = f"{generation}-{secrets.token_hex(8)}"
+    numbers = range(first, first + size - 1)
+    answer = {"members": [numbers[0], numbers[-1]], "epoch": f"{generation}-{secrets.token_hex(8)}"}
+    result_key = _generation_key(generation, "result")
     if record.startswith(FAILED):  # the others fail as they join
-        result = {"failed": {"0": record[len(FAILED):]}, "epoch": epoch}
-        store.compare_set(_generation_key(generation, "result"), "", json.dumps(result))
+        result = {"failed": {"0": record[len(FAILED):]}, **answer}
+        store.compare_set(result_key, "", json.dumps(result))
         return result
+    keys = [_generation_key(generation, f"arrival/{n}") for n in numbers]
     try:
-        wait_for_key(store, _generation_key(generation, "full"), deadline)
+        wait_for_keys(store, keys, deadline)
     except TimeoutError:
-        joined = [r for r in range(1, size) if store.check([_generation_key(generation, f"rank/{r}")])]
-        missing = sorted(set(range(1, size)) - set(joined))
+        joined = {_rank_of(bytes(store.get(key)).decode("utf-8", "replace")) for key in keys if store.check([key])}
+        missing = sorted(set(range(1, size)) - joined)
         raise TimeoutError(f"ranks {missing} did not join within {timeout:g} s") from None
-    records = [record] + [bytes(v).decode("utf-8", "replace") for v in
-                          store.multi_get([_generation_key(generation, f"rank/{r}") for r in range(1, size)])]
-
-    def details(ranks: list[int]) -> list[str]:
-        theirs = [r for r in ranks if r != 0]
-        read = dict(zip(theirs, store.multi_get([_generation_key(generation, f"detail/{r}") for r in theirs])))
-        return [detail if r == 0 else bytes(read[r]).decode("utf-8", "replace") for r in ranks]
-
     try:
-        result = {**decide(records, details), "epoch": epoch}
+        records, number_of = [record] + [""] * (size - 1), {}
+        for number, value in zip(numbers, store.multi_get(keys)):
+            text = bytes(value).decode("utf-8", "replace")
+            joiner = _rank_of(text)
+            if not 0 < joiner < size or joiner in number_of:
+                raise ValueError(f"rank {joiner} joined the group of {size} ranks twice, or does not belong to it")
+            records[joiner], number_of[joiner] = text.partition("\n")[2], number
+
+        def details(ranks: list[int]) -> list[str]:
+            theirs = [r for r in ranks if r != 0]
+            read = store.multi_get([_generation_key(generation, f"detail/{number_of[r]}") for r in theirs])
+            texts = dict(zip(theirs, (bytes(v).decode("utf-8", "replace") for v in read)))
+            return [detail if r == 0 else texts[r] for r in ranks]
+
+        result = {**decide(records, details), **answer}
     except Exception as error:  # a record it cannot read: the others fail at once too, naming it
-        failed = {"failed": {"0": f"{type(error).__name__}: {error}"}, "epoch": epoch}
-        store.compare_set(_generation_key(generation, "result"), "", json.dumps(failed))
+        store.compare_set(result_key, "", json.dumps({"failed": {"0": f"{type(error).__name__}: {error}"}, **answer}))
         raise
-    store.compare_set(_generation_key(generation, "result"), "", json.dumps(result))
+    store.compare_set(result_key, "", json.dumps(result))
     return result
+
+
+def _rank_of(arrival: str) -> int:
+    """The rank a record set under an arrival number says it comes from (its first line)."""
+    return int(arrival.partition("\n")[0])
 
 
 def _join(store, rank: int, size: int, record: str, detail: str, deadline: float) -> dict | None:
     """agree on a rank other than 0: the result of the generation it joined."""
-    keys = [f"rank/{rank}"] + ([f"detail/{rank}"] if detail else [])
-    generation = store.add(_ARRIVALS_KEY, 1) // RANK0_ARRIVAL
     while True:
+        arrival = store.add(_ARRIVALS_KEY, 1)
+        generation, number = arrival // RANK0_ARRIVAL, arrival % RANK0_ARRIVAL
         if generation > 0:
-            store.multi_set([_generation_key(generation, key) for key in keys], [record, detail][:len(keys)])
-            place = store.add(_generation_key(generation, "count"), 1)
-            if place == size - 1:
-                store.set(_generation_key(generation, "full"), "")
-            if place < size:
-                if record.startswith(FAILED):
-                    return None
-                result = wait_for_key(store, _generation_key(generation, "result"), deadline, read=True)
-                if result != SUPERSEDED:
-                    return json.loads(result)
-                generation += 1
-                continue
-        # No rank 0 had arrived, or the generation's rank 0 has its ranks already: this rank's
-        # rank 0 is a later one.
+            names, values = [f"arrival/{number}"], [f"{rank}\n{record}"]
+            if detail:
+                names, values = names + [f"detail/{number}"], values + [detail]
+            store.multi_set([_generation_key(generation, name) for name in names], values)
+            result = wait_for_key(store, _generation_key(generation, "result"), deadline, read=True)
+            if result != SUPERSEDED:
+                answer = json.loads(result)
+                lo, hi = answer["members"]
+                if lo <= number <= hi:
+                    return None if record.startswith(FAILED) else answer
+        # No rank 0 had arrived, this arrival came before its generation's rank 0 or after the
+        # generation filled, or that rank 0 died: this rank's rank 0 is a later one.
         wait_for_key(store, _generation_key(generation, "next"), deadline)
-        generation += 1
 
 
 def wait_for_key(store, key: str, deadline: float, read: bool = False) -> str | None:
     """Blocks until `key` is set (and returns its value when `read`), or raises TimeoutError at
     `deadline` (time.monotonic())."""
+    wait_for_keys(store, [key], deadline)
+    return bytes(store.get(key)).decode() if read else None
+
+
+def wait_for_keys(store, keys: list[str], deadline: float) -> None:
+    """Blocks until every one of `keys` is set, or raises TimeoutError at `deadline`."""
     import torch.distributed as dist
 
     left = deadline - time.monotonic()
     try:
         if left <= 0:
             raise TimeoutError
-        store.wait([key], datetime.timedelta(seconds=left))
+        store.wait(keys, datetime.timedelta(seconds=left))
     except (TimeoutError, dist.DistStoreError, RuntimeError) as error:
         if isinstance(error, TimeoutError) or "timeout" in str(error).lower():
-            raise TimeoutError(f"{key} was not set in time") from None
+            raise TimeoutError(f"{', '.join(keys[:3])}{' ...' if len(keys) > 3 else ''} not set in time") from None
         raise
-    return bytes(store.get(key)).decode() if read else None
 
 
 def rendezvous_environ(store, environ: Mapping[str, str] | None = None) -> Mapping[str, str]:
