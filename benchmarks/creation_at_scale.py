@@ -1,15 +1,18 @@
 """Group creation's store traffic at scale, simulated: `--ranks` ranks as threads spread over
 `--processes` processes, each thread with its own client of one real TCPStore, run the store
-protocol of a torus group's creation by calling torch_torus's own functions (agree_epoch, meet,
-agree_settings), then the C++ side's operations: sharing the group's secret, publishing this
-rank's TCP address, and, for the first collective, looking up its two ring neighbours' as the
-transport does (check, then get, with its backoff while absent). Nothing else of a group is created: no socket, no thread.
+protocol of a torus group's creation by calling torch_torus's own functions (torch_torus.meet:
+the one round in which the ranks agree on the epoch, meet and compare settings; publish_secret),
+then the C++ side's operations: publishing this rank's TCP address, and, for the first
+collective, looking up its two ring neighbours' as the transport's PublishedLookups does (a wait
+for the key, then a get). Nothing else of a group is created: no socket, no thread.
 
 Beside it, the floor on the same store: an `add` counter and one `wait` for "every rank has
 arrived". Each phase starts on every rank at once after a store barrier; a rank times its own.
-Creation runs twice on the same store under the same group name: the second is a re-creation,
-reading past what the first left. Prints, per size, the slowest rank's time of each phase, the
-store operations per rank (most, fewest) and the store's requests per second during creation:
+Floor and creation run in turn, `--repeats` times, on the same store under the same group name:
+the first creation creates the group, the later ones create it again, reading past what the
+earlier ones left. Prints, per size, the median over the repeats of the slowest rank's time of
+floor and creation (and the first creation's), the store operations per rank (fewest-most) and
+the store's requests per second during creation:
 
     python benchmarks/creation_at_scale.py --ranks 256 1024 4096 --processes 8
 
@@ -21,21 +24,23 @@ from __future__ import annotations
 
 import argparse
 import datetime
+import gc
 import json
 import multiprocessing
-import os
+import socket
 import threading
 import time
 
 import torch.distributed as dist
 
-from torch_torus.agreement import agree_settings, shared_values
+from torch_torus import meet, publish_secret
 from torch_torus.config import resolve
-from torch_torus.topology import agree_epoch, meet, wait_for_key
+from torch_torus.topology import wait_for_key
 
 TIMEOUT_S = 600.0
-# The transport's backoff between looks for an address not published yet (rendezvous.cc).
-_FIRST_BACKOFF_S, _MAX_BACKOFF_S = 0.001, 0.1
+# The store's listen backlog (the kernel caps it at net.core.somaxconn), and how many simulated
+# ranks of one process connect to it at once.
+_BACKLOG, _CONNECTING = 4096, 32
 
 
 class CountingStore(dist.Store):
@@ -87,33 +92,23 @@ class CountingStore(dist.Store):
         return self.store.num_keys()
 
 
-def create(store: dist.Store, rank: int, size: int, shared: dict[str, str], timeout: float = TIMEOUT_S) -> dist.Store:
+def create(store: dist.Store, rank: int, size: int, values: dict, timeout: float = TIMEOUT_S) -> dist.Store:
     """The store operations of creating a torus group on one rank (one rank per host, over TCP),
     in the order torch_torus._create_backend and the C++ transport issue them; returns the
     group's own store (under its epoch)."""
-    address = f"10.{rank >> 16 & 255}.{rank >> 8 & 255}.{rank & 255}:29500"
-    epoch = agree_epoch(store, rank, size, timeout)
-    group = dist.PrefixStore(f"torus/{epoch}", store)
-    meet(group, rank, size, f"host{rank}", address, "")
-    agree_settings(group, rank, size, shared)
-    # The group's secret (transport/group_secret.cc): rank 0 sets it, the others block on it.
+    address = f"10.{rank >> 16 & 255}.{rank >> 8 & 255}.{rank & 255}"
+    result = meet(store, rank, size, values, f"host{rank}", address, None, timeout, "simulated")
+    group = dist.PrefixStore(f"torus/{result['epoch']}", store)
     if rank == 0:
-        group.set("auth/secret", os.urandom(32))
-    else:
-        group.get("auth/secret")
-    group.set(f"tcp/{rank}", address)  # TcpTransport's constructor
+        publish_secret(group, bytes.fromhex(result["secret"]))
+    group.set(f"tcp/{rank}", f"{address}:29500")  # TcpTransport's constructor
     return group
 
 
 def look_up(group: dist.Store, peer: int, timeout: float = TIMEOUT_S) -> str:
-    """A peer's address, looked up as the transport's lookUpPublished does (rendezvous.cc)."""
-    key, deadline, pause = f"tcp/{peer}", time.monotonic() + timeout, _FIRST_BACKOFF_S
-    while not group.check([key]):
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"rank {peer} did not publish its address")
-        time.sleep(pause)
-        pause = min(pause * 2, _MAX_BACKOFF_S)
-    return bytes(group.get(key)).decode()
+    """A peer's address, looked up as the transport's PublishedLookups does (rendezvous.cc):
+    a wait for its key, then a get."""
+    return wait_for_key(group, f"tcp/{peer}", time.monotonic() + timeout, read=True)
 
 
 def floor(store: dist.Store, rank: int, size: int, name: str, timeout: float = TIMEOUT_S) -> None:
@@ -129,16 +124,19 @@ def _barrier(client: dist.Store, size: int, name: str) -> None:
     client.wait([f"sim/{name}/go"], datetime.timedelta(seconds=TIMEOUT_S))
 
 
-PHASES = ("floor 1", "creation", "floor 2", "re-creation")
+def phases(repeats: int) -> list[str]:
+    """Floor and creation in turn, `repeats` times: creation 1 creates the group, the later ones
+    create it again under the same name (the keys of the earlier ones still in the store)."""
+    return [f"{what} {i}" for i in range(1, repeats + 1) for what in ("floor", "creation")]
 
 
-def _simulated_rank(rank: int, size: int, port: int, connecting: threading.Semaphore, shared: dict[str, str],
-                    out: dict, errors: list) -> None:
+def _simulated_rank(rank: int, size: int, port: int, connecting: threading.Semaphore, values: dict,
+                    repeats: int, out: dict, errors: list) -> None:
     try:
         with connecting:
             client = dist.TCPStore("127.0.0.1", port, is_master=False, wait_for_workers=False,
                                    timeout=datetime.timedelta(seconds=TIMEOUT_S))
-        for phase in PHASES:
+        for phase in phases(repeats):
             counting = CountingStore(client)
             _barrier(client, size, phase)
             start = time.perf_counter()
@@ -146,7 +144,7 @@ def _simulated_rank(rank: int, size: int, port: int, connecting: threading.Semap
                 floor(counting, rank, size, phase)
                 out[(rank, phase)] = (time.perf_counter() - start, len(counting.ops))
                 continue
-            group = create(counting, rank, size, shared)
+            group = create(counting, rank, size, values)
             out[(rank, phase)] = (time.perf_counter() - start, len(counting.ops))
             for peer in ((rank - 1) % size, (rank + 1) % size):
                 look_up(group, peer)
@@ -155,13 +153,20 @@ def _simulated_rank(rank: int, size: int, port: int, connecting: threading.Semap
         errors.append(f"rank {rank}: {type(error).__name__}: {error}")
 
 
-def _process(index: int, processes: int, size: int, port: int, results) -> None:
-    shared = shared_values(resolve(), {})
+def _process(index: int, processes: int, size: int, repeats: int, port: int, results) -> None:
+    values = resolve()
+    # Hundreds of simulated ranks share this process and its interpreter lock: a collection of
+    # the whole heap (torch's included) stops them all for a good part of a second, where each
+    # real rank would spend its own, far smaller, collections on its own core. Nothing here
+    # makes cycles worth collecting.
+    gc.collect()
+    gc.freeze()
+    gc.disable()
     out: dict = {}
     errors: list[str] = []
-    # A few connections at a time: thousands at once overflow the server's listen backlog.
-    connecting = threading.Semaphore(16)
-    threads = [threading.Thread(target=_simulated_rank, args=(r, size, port, connecting, shared, out, errors))
+    # A few connections at a time per process: thousands at once would overflow the listen backlog.
+    connecting = threading.Semaphore(_CONNECTING)
+    threads = [threading.Thread(target=_simulated_rank, args=(r, size, port, connecting, values, repeats, out, errors))
                for r in range(index, size, processes)]
     for thread in threads:
         thread.start()
@@ -170,14 +175,24 @@ def _process(index: int, processes: int, size: int, port: int, results) -> None:
     results.put((out, errors))
 
 
-def simulate(size: int, processes: int) -> dict:
+def simulate(size: int, processes: int, repeats: int) -> dict:
     """One run at `size` ranks: per phase, the slowest rank's seconds, the most and fewest store
     operations of a rank, and the store's requests per second over the slowest rank's time."""
-    server = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False,
-                           timeout=datetime.timedelta(seconds=TIMEOUT_S))
+    # The store listens on an IPv4 socket of ours: on its own (dual-stack IPv6) socket it sees each
+    # client as ::ffff:127.0.0.1, which /etc/hosts does not name, and looks that up in DNS on
+    # its one thread as it accepts the client; where the DNS server drops a query now and then
+    # (here: one in ~50), the whole store stops for the resolver's 5 s timeout each time, and
+    # thousands of clients never all connect. (Each client still looks the store's address up
+    # once, on its own thread.)
+    listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    listener.bind(("127.0.0.1", 0))
+    listener.listen(_BACKLOG)
+    server = dist.TCPStore("127.0.0.1", listener.getsockname()[1], is_master=True, wait_for_workers=False,
+                           timeout=datetime.timedelta(seconds=TIMEOUT_S), master_listen_fd=listener.fileno())
     context = multiprocessing.get_context("spawn")
     results = context.Queue()
-    workers = [context.Process(target=_process, args=(i, processes, size, server.port, results))
+    workers = [context.Process(target=_process, args=(i, processes, size, repeats, server.port, results))
                for i in range(processes)]
     for worker in workers:
         worker.start()
@@ -191,7 +206,7 @@ def simulate(size: int, processes: int) -> dict:
     if errors:
         raise RuntimeError(f"{len(errors)} simulated ranks failed, e.g. " + "; ".join(errors[:3]))
     row = {"ranks": size, "processes": processes}
-    for phase in PHASES + ("creation and lookups", "re-creation and lookups"):
+    for phase in phases(repeats) + [f"creation {i} and lookups" for i in range(1, repeats + 1)]:
         times = [out[(r, phase)][0] for r in range(size)]
         ops = [out[(r, phase)][1] for r in range(size)]
         row[phase] = {"slowest_s": max(times), "ops_max": max(ops), "ops_min": min(ops),
@@ -199,25 +214,34 @@ def simulate(size: int, processes: int) -> dict:
     return row
 
 
+def _median(values: list[float]) -> float:
+    return sorted(values)[len(values) // 2]
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--ranks", type=int, nargs="+", default=[256, 1024, 4096])
     parser.add_argument("--processes", type=int, default=8)
+    parser.add_argument("--repeats", type=int, default=5, help="floor and creation, in turn, this many times")
     parser.add_argument("--json", help="also write the rows here")
     args = parser.parse_args()
     rows = []
-    print("| ranks | floor (slowest rank) | creation | ÷ floor | with the first collective's 2 lookups | "
-          "re-creation | ÷ floor | store ops per rank (creation; with lookups) | store requests/s (creation) |")
-    print("|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+    print("| ranks | floor (slowest rank) | creation | ÷ floor | first creation | with the first collective's 2 "
+          "lookups | store ops per rank (creation; with lookups) | store requests/s (creation) |")
+    print("|---:|---:|---:|---:|---:|---:|---:|---:|")
     for size in args.ranks:
-        row = simulate(size, args.processes)
+        row = simulate(size, args.processes, args.repeats)
         rows.append(row)
-        floor_s = min(row["floor 1"]["slowest_s"], row["floor 2"]["slowest_s"])
-        first, looked, again = row["creation"], row["creation and lookups"], row["re-creation"]
-        print(f"| {size:,} | {floor_s:.3f} s | {first['slowest_s']:.3f} s | {first['slowest_s'] / floor_s:.1f} | "
-              f"{looked['slowest_s']:.3f} s | {again['slowest_s']:.3f} s | {again['slowest_s'] / floor_s:.1f} | "
-              f"{first['ops_min']}-{first['ops_max']}; {looked['ops_min']}-{looked['ops_max']} | "
-              f"{first['requests_per_s']:,.0f} |", flush=True)
+        runs = range(1, args.repeats + 1)
+        floor_s = _median([row[f"floor {i}"]["slowest_s"] for i in runs])
+        created = [row[f"creation {i}"] for i in runs]
+        creation_s = _median([c["slowest_s"] for c in created])
+        looked = [row[f"creation {i} and lookups"] for i in runs]
+        print(f"| {size:,} | {floor_s:.3f} s | {creation_s:.3f} s | {creation_s / floor_s:.1f} | "
+              f"{created[0]['slowest_s']:.3f} s | {_median([c['slowest_s'] for c in looked]):.3f} s | "
+              f"{min(c['ops_min'] for c in created)}-{max(c['ops_max'] for c in created)}; "
+              f"{min(c['ops_min'] for c in looked)}-{max(c['ops_max'] for c in looked)} | "
+              f"{_median([c['requests_per_s'] for c in created]):,.0f} |", flush=True)
     if args.json:
         with open(args.json, "w") as f:
             json.dump(rows, f, indent=1)

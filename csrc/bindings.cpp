@@ -96,7 +96,11 @@ PYBIND11_MODULE(_C, module) {
       .def_readwrite("device_stall_ms", &torus::TorusConfig::deviceStallMs)
       .def_readwrite("host_device", &torus::TorusConfig::hostDevice)
       .def_readwrite("trace_buffer", &torus::TorusConfig::traceBuffer)
-      .def_readwrite("trace_dir", &torus::TorusConfig::traceDir);
+      .def_readwrite("trace_dir", &torus::TorusConfig::traceDir)
+      // Bytes, not text: the getter hands back what the setter took.
+      .def_property(
+          "secret", [](const torus::TorusConfig& config) { return py::bytes(config.secret); },
+          [](torus::TorusConfig& config, const py::bytes& secret) { config.secret = secret; });
 
   py::class_<torus::ProcessGroupTorus, c10d::Backend, c10::intrusive_ptr<torus::ProcessGroupTorus>>(
       module, "ProcessGroupTorus")

@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import os
 import socket
+import threading
 from types import SimpleNamespace
 
 import psutil
@@ -23,7 +24,8 @@ from torch_torus.launch import (MpiLaunch, MpiLaunchError, SlurmLaunch, SlurmLau
                                 init_env_from_launcher, init_env_from_mpi, init_env_from_slurm,
                                 mpi_launch_from_env, slurm_launch_from_env)
 from torch_torus.network import local_address
-from torch_torus.topology import Meeting, meet, meeting_of, publish_failure, rendezvous_environ
+from torch_torus.topology import (FAILED, Meeting, agree, describe_failures, failures_of, meeting_of,
+                                  meeting_record, rendezvous_environ)
 
 # What each mpiexec sets for the second of four ranks on one host (seen with MPICH 5.0.2's
 # and Open MPI 5.0.11's mpiexec from PyPI), trimmed to the variables read.
@@ -306,9 +308,8 @@ def test_the_address_routes_to_the_tcpstore():
 
 def test_a_loopback_address_across_hosts_is_refused():
     def meeting(*records):
-        answer = meeting_of([json.dumps({"id": host, "address": address, "ifname": ifname})
-                             for host, address, ifname in records])
-        return Meeting([f"host{h}" for h in answer["hosts"]], answer["loopback"] and tuple(answer["loopback"]))
+        answer = meeting_of([meeting_record(host, address, ifname) for host, address, ifname in records])
+        return Meeting.of(answer, len(records))
 
     across = meeting(("a", "127.0.0.1", "lo"), ("b", "10.0.0.2", ""))
     with pytest.raises(ConfigError, match="rank 0 would listen on 127.0.0.1, a loopback address "
@@ -323,38 +324,101 @@ def test_a_loopback_address_across_hosts_is_refused():
         meeting(("a", "10.0.0.1", ""), ("b", "127.0.0.1", "")).check_addresses(0)
 
 
+def test_the_hosts_travel_compactly():
+    """Every rank reads the hosts of all; in the usual layouts (ranks of a host in a row, one
+    rank per host) they travel as one number, not a list as long as the group."""
+    def answer(*ids):
+        return meeting_of([meeting_record(i, "10.0.0.1", "") for i in ids])
+
+    assert answer("x", "x", "y", "y") == {"ranks_per_host": 2, "loopback": None}
+    assert answer("a", "b", "c") == {"ranks_per_host": 1, "loopback": None}
+    interleaved = answer("y", "x", "y", "x")
+    assert interleaved == {"hosts": [0, 1, 0, 1], "loopback": None}
+    assert Meeting.of(interleaved, 4).hosts == ["host0", "host1", "host0", "host1"]
+    assert Meeting.of(answer("x", "x", "y", "y"), 4).hosts == ["host0", "host0", "host1", "host1"]
+
+
+def _meet_in_threads(store, records: dict[int, str], size: int, decide=None) -> dict:
+    """topology.agree on a HashStore, each rank of `records` on a thread; the results by rank."""
+    results = {}
+
+    def rank_main(rank):
+        try:
+            results[rank] = agree(store, rank, size, records[rank], decide, 10)
+        except Exception as error:  # noqa: BLE001 - the test looks at it
+            results[rank] = error
+
+    threads = [threading.Thread(target=rank_main, args=(r,)) for r in records]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=30)
+    assert not any(t.is_alive() for t in threads), "the meeting hung"
+    return results
+
+
 def test_ranks_meet_through_one_key_each():
-    """Rank 0 reads every rank's record and publishes one answer; the others read only that."""
+    """Rank 0 reads every rank's record in one read and publishes one answer; each other rank
+    reads only that."""
     store = dist.HashStore()
-    for rank, host in ((1, "x"), (2, "y"), (3, "x")):
-        store.set(f"torus/host/{rank}", json.dumps({"id": host, "address": "10.0.0.1", "ifname": ""}))
-    assert meet(store, 0, 4, "y", "10.0.0.1").hosts == ["host0", "host1", "host0", "host1"]
     reads = []
 
     class CountingStore(dist.Store):
         def set(self, key, value):
             store.set(key, value)
 
+        def add(self, key, amount):
+            return store.add(key, amount)
+
+        def multi_set(self, keys, values):
+            store.multi_set(keys, values)
+
+        def wait(self, keys, timeout):
+            store.wait(keys, timeout)
+
         def get(self, key):
             reads.append(key)
             return store.get(key)
 
-    assert meet(CountingStore(), 3, 4, "x", "10.0.0.1").hosts == ["host0", "host1", "host0", "host1"]
-    assert reads == ["torus/meeting"]
+    seen = []
+
+    def decide(records, details):
+        seen.append(records)
+        return {"answer": 42}
+
+    counting = CountingStore()
+    third = threading.Thread(target=lambda: seen.append(agree(counting, 3, 4, "r3", None, 10)))
+    third.start()
+    results = _meet_in_threads(store, {0: "r0", 1: "r1", 2: "r2"}, 4, decide)
+    third.join(timeout=30)
+    assert seen[0] == ["r0", "r1", "r2", "r3"], seen
+    assert all(r["answer"] == 42 for r in [*results.values(), seen[1]]), (results, seen)
+    assert len({r["epoch"] for r in [*results.values(), seen[1]]}) == 1
+    assert len(reads) == 1 and reads[0].endswith("/result"), reads
 
 
 def test_a_rank_that_cannot_join_is_named_on_every_rank():
-    store = dist.HashStore()
-    publish_failure(store, 2, "TORUS_CHUNK_BYTES='x' is not a size")
-    store.set("torus/host/1", json.dumps({"id": "a", "address": "10.0.0.1", "ifname": ""}))
-    with pytest.raises(ConfigError, match="rank 2 cannot create the group: TORUS_CHUNK_BYTES='x' is not a size"):
-        meet(store, 0, 3, "a", "10.0.0.1")
-    with pytest.raises(ConfigError, match="rank 2 cannot create the group"):
-        meet(store, 1, 3, "a", "10.0.0.1")
-    alone = dist.HashStore()
-    publish_failure(alone, 0, "no such interface")  # rank 0 fails: nobody else would answer
-    with pytest.raises(ConfigError, match="rank 0 cannot create the group: no such interface"):
-        meet(alone, 1, 2, "a", "10.0.0.1")
+    failing = {0: json.dumps({}), 1: json.dumps({}), 2: FAILED + "TORUS_CHUNK_BYTES='x' is not a size"}
+    results = _meet_in_threads(dist.HashStore(), failing, 3, lambda records, details: {"failed": failures_of(records)})
+    assert results[2] is None  # it raises its own error at once
+    for rank in (0, 1):
+        assert describe_failures(results[rank]["failed"]) == \
+            "rank 2 cannot create the group: TORUS_CHUNK_BYTES='x' is not a size", results
+    # Rank 0 fails: it answers at once, without waiting for the others.
+    alone = _meet_in_threads(dist.HashStore(), {0: FAILED + "no such interface", 1: "{}"}, 2)
+    for rank in (0, 1):
+        assert describe_failures(alone[rank]["failed"]) == "rank 0 cannot create the group: no such interface"
+
+
+def test_a_record_rank_0_cannot_read_fails_every_rank_at_once():
+    """Records come from the network: one rank 0 cannot parse fails the group on every rank at
+    once, naming the error, rather than leaving the others to their timeout."""
+    results = _meet_in_threads(dist.HashStore(), {0: "{}", 1: "{", 2: "{}"}, 3,
+                               lambda records, details: {"hosts": [json.loads(r) for r in records]})
+    assert isinstance(results[0], json.JSONDecodeError), results
+    for rank in (1, 2):
+        assert describe_failures(results[rank]["failed"]).startswith(
+            "rank 0 cannot create the group: JSONDecodeError"), results
 
 
 def test_interface_address_of_loopback():

@@ -25,12 +25,12 @@ def _torus_ops(ops: list[tuple[str, str]]) -> list[str]:
     """The operations on torus's keys, their numbers and epochs written as '#' (c10d's own
     prefixes and keys dropped)."""
     out = []
-    for op, key in ops:
-        if "torus/" in key:
-            key = key[key.index("torus/"):]
-        elif not key.endswith(" keys"):
+    for op, keys in ops:
+        if "torus/" in keys:  # a wait for several keys lists them all
+            keys = ",".join(key[key.index("torus/"):] for key in keys.split(","))
+        elif not keys.endswith(" keys"):
             continue
-        out.append(f"{op} {re.sub(r'[0-9]+(-[0-9a-f]+)?', '#', key)}")
+        out.append(f"{op} {re.sub(r'[0-9]+(-[0-9a-f]+)?', '#', keys)}")
     return out
 
 
@@ -70,6 +70,9 @@ class _Ordered(CountingStore):
 def _simulated(rank0_first: bool) -> list[list[str]]:
     """Each simulated rank's torus operations in an 8-rank creation where rank 0 arrives before
     every other rank, or after all of them."""
+    from torch_torus.config import resolve
+
+    values = resolve()
     server = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False,
                            timeout=datetime.timedelta(seconds=60))
     arrived = threading.Semaphore(0)
@@ -82,7 +85,7 @@ def _simulated(rank0_first: bool) -> list[list[str]]:
             if rank0_first != (rank == 0):
                 for _ in range(1 if rank0_first else RANKS - 1):
                     assert arrived.acquire(timeout=60), "the other ranks did not arrive"
-            create(stores[rank], rank, RANKS, {"TORUS_SETTING": "1"}, timeout=60)
+            create(stores[rank], rank, RANKS, values, timeout=60)
         except Exception as error:
             errors.append(f"rank {rank}: {error!r}")
 
@@ -115,9 +118,9 @@ def test_simulation_issues_the_operations_of_a_real_creation():
 
 
 def _agree(store_port: int, size: int, skip: frozenset = frozenset()) -> list:
-    """agree_epoch on every rank of a `size`-rank group but those in `skip`, each a thread with its
-    own client; the epochs (or errors) by rank."""
-    from torch_torus.topology import agree_epoch
+    """The ranks' meeting (topology.agree) on every rank of a `size`-rank group but those in
+    `skip`, each a thread with its own client; the epochs (or errors) by rank."""
+    from torch_torus.topology import agree
 
     epochs: list = [None] * size
 
@@ -125,7 +128,7 @@ def _agree(store_port: int, size: int, skip: frozenset = frozenset()) -> list:
         client = dist.TCPStore("127.0.0.1", store_port, is_master=False, wait_for_workers=False,
                                timeout=datetime.timedelta(seconds=30))
         try:
-            epochs[rank] = agree_epoch(client, rank, size, 3 if skip else 30)
+            epochs[rank] = agree(client, rank, size, "{}", lambda records, details: {}, 3 if skip else 30)["epoch"]
         except TimeoutError as error:
             epochs[rank] = error
 
@@ -134,7 +137,7 @@ def _agree(store_port: int, size: int, skip: frozenset = frozenset()) -> list:
         thread.start()
     for thread in threads:
         thread.join(timeout=60)
-    assert not any(t.is_alive() for t in threads), "agree_epoch hung"
+    assert not any(t.is_alive() for t in threads), "the meeting hung"
     return epochs
 
 
@@ -163,9 +166,8 @@ def test_no_epoch_is_taken_from_an_earlier_group():
 
     generation = server.add("torus/epoch/arrivals", RANK0_ARRIVAL) // RANK0_ARRIVAL
     for rank in (1, 3):
-        server.add("torus/epoch/arrivals", 1)
-        server.set(f"torus/epoch/{generation}/rank/{rank}", "")
-        server.add(f"torus/epoch/{generation}/count", 1)
+        number = server.add("torus/epoch/arrivals", 1) % RANK0_ARRIVAL
+        server.set(f"torus/epoch/{generation}/arrival/{number}", f"{rank}\n{{}}")
     fresh_group()
     # An attempt killed before its rank 0 arrived, one rank waiting for it.
     server.add("torus/epoch/arrivals", 1)

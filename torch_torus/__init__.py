@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import atexit
 import datetime
+import json
+import secrets
 import sys
 
 import torch
@@ -16,18 +18,18 @@ import torch.distributed as dist
 
 from . import _C, callbacks
 from ._version import __version__
-from .agreement import agree_settings, shared_values
+from .agreement import settings_record, settings_verdict
 from .config import SETTINGS, ConfigError, Options, resolve
 from .cost_model import MACHINES
 from .hybrid import HostGroups, HybridAverager, HybridUpdateError, host_groups
 from .launch import init_from_launcher, init_from_mpi, init_from_slurm
 from .network import local_address
 from .selection import describe, resolve_tables
-from .topology import (agree_epoch, choose_grid, choose_transport, host_identity, meet, publish_failure,
-                       rendezvous_environ)
+from .topology import (FAILED, Meeting, agree, choose_grid, choose_transport, describe_failures, failures_of,
+                       host_identity, meeting_of, meeting_record, rendezvous_environ)
 from .trace import trace_directory
 from .tuning import read as read_tuning
-from .tuning import host_memory_gbps, tuned_allreduce
+from .tuning import entries_of, host_memory_gbps, tuned_allreduce
 
 __all__ = ["__version__", "Options", "ConfigError", "SETTINGS", "BACKEND_NAME", "algorithm_for", "traffic", "reset_traffic",
            "init_from_mpi", "init_from_slurm", "init_from_launcher", "monitored_barrier",
@@ -73,13 +75,7 @@ def group_config(values: dict, size: int, hosts: list[str], address: str = "127.
 def _create_backend(dist_options, pg_options) -> _C.ProcessGroupTorus:
     rank, size, store = dist_options.group_rank, dist_options.group_size, dist_options.store
     name = dist_options.group_id or ""
-    # Every key the group reads from here on is its own, never one an earlier group of this name
-    # left in the store (an earlier attempt under torchrun, a group destroyed and created again).
-    try:
-        epoch = agree_epoch(store, rank, size, dist_options.timeout.total_seconds())
-    except TimeoutError as error:
-        raise dist.DistBackendError(f"torus: cannot create group '{name}' (rank {rank} of {size}): {error}") from None
-    store = dist.PrefixStore(f"torus/{epoch}", store)
+    timeout = dist_options.timeout.total_seconds()
     # Everything that can fail on this rank alone fails before the ranks meet in the store, and
     # says so there: the others then fail at once naming this rank, rather than wait for it
     # until their timeout.
@@ -91,18 +87,18 @@ def _create_backend(dist_options, pg_options) -> _C.ProcessGroupTorus:
         address = local_address(values["socket_ifname"], rendezvous_environ(store))
         tuning = read_tuning(values["tuning_file"]) if values["tuning_file"] else None
     except Exception as error:
-        publish_failure(store, rank, _failure_text(error))
+        if size > 1:
+            _tell_the_others(store, rank, size, FAILED + _failure_text(error), timeout)
         raise
-    meeting = meet(store, rank, size, identity, address, values["socket_ifname"])
+    result = meet(store, rank, size, values, identity, address, tuning, timeout, name)
+    epoch = result["epoch"]
+    # Every key the group reads from here on is its own, never one an earlier group of this name
+    # left in the store (an earlier attempt under torchrun, a group destroyed and created again).
+    store = dist.PrefixStore(f"torus/{epoch}", store)
+    meeting = Meeting.of(result, size)
     hosts = meeting.hosts
-    # Before the transport connects: a rank whose settings do not fit the group, or differ from
-    # its peers' where they must agree, fails the group on every rank, naming them.
-    try:
-        config, grid, transport, tables, tuned = group_config(values, size, hosts, address, tuning)
-    except Exception as error:
-        agree_settings(store, rank, size, _failure_text(error))
-        raise
-    agree_settings(store, rank, size, shared_values(values, tables))
+    # Settings that do not fit the group fail it on every rank alike: every rank has the same.
+    config, grid, transport, tables, tuned = group_config(values, size, hosts, address, tuning)
     if transport != "shm" and not values["host_id"]:
         meeting.check_addresses(rank)
     if config.log_level >= 1 and rank == 0:
@@ -115,9 +111,74 @@ def _create_backend(dist_options, pg_options) -> _C.ProcessGroupTorus:
               f"auto allreduce from {values['tuning_file'] if tuned else model}; "
               f"algorithms {describe(tables)}", file=sys.stderr, flush=True)
     config.trace_dir = trace_directory(values["trace_dir"], name, epoch)
+    config.secret = bytes.fromhex(result["secret"])
+    if rank == 0 and size > 1:
+        publish_secret(store, config.secret)
     group = _C.ProcessGroupTorus(store, rank, size, dist_options.timeout, config, name)
     group.set_global_ranks(list(dist_options.global_ranks_in_group))
     return group
+
+
+# The group's secret: its length (transport/group_secret.h's kSecretBytes), and the key of the
+# group's store rank 0 also keeps it under.
+_SECRET_BYTES = 32
+_SECRET_KEY = "auth/secret"
+
+
+def publish_secret(group_store, secret: bytes) -> None:
+    """Rank 0 keeps the group's secret in the group's store, for tools that speak the wire
+    protocol (docs/security.md); no rank reads it to create the group."""
+    group_store.set(_SECRET_KEY, secret)
+
+
+def meet(store, rank: int, size: int, values: dict, identity: str, address: str, tuning, timeout: float,
+         name: str) -> dict:
+    """The ranks of a group meet in its store (topology.agree), each with where it lives and a
+    digest of the settings it must share (agreement.py); the result every rank returns: the
+    group's epoch, its hosts (Meeting.of), its secret. Raises ConfigError, on every rank alike,
+    naming the ranks that cannot create the group or each setting they disagree on;
+    DistBackendError naming the ranks that did not come within `timeout` seconds."""
+    digest, detail = settings_record(values, tuning and {"path": values["tuning_file"],
+                                                         "entries": [entry.record for entry in tuning]})
+
+    def decide(records: list[str], details) -> dict:
+        """Rank 0's answer to every rank's record: who cannot create the group, else where the
+        ranks live, whether they agree on their settings (a verdict naming every difference),
+        and the group's secret."""
+        failed = failures_of(records)
+        if failed:
+            return {"failed": failed}
+        parsed = [json.loads(r) for r in records]
+        answer = meeting_of(parsed)
+        hosts = Meeting.of(answer, size).hosts
+
+        def tables_of(theirs: dict | None):
+            entries = entries_of(theirs["entries"], theirs["path"]) if theirs else None
+            return group_config(values, size, hosts, address, entries)[3]
+
+        verdict = settings_verdict([p["settings"] for p in parsed], details, tables_of)
+        return {**answer, "verdict": verdict, "secret": secrets.token_hex(_SECRET_BYTES)}
+
+    record = json.dumps({**meeting_record(identity, address, values["socket_ifname"]), "settings": digest})
+    try:
+        result = agree(store, rank, size, record, decide, timeout, detail)
+    except TimeoutError as error:
+        raise dist.DistBackendError(f"torus: cannot create group '{name}' (rank {rank} of {size}): {error}") from None
+    if "failed" in result:
+        raise ConfigError(describe_failures(result["failed"]))
+    # Before the transport connects: a rank whose settings differ from its peers' where they must
+    # agree fails the group on every rank, naming them.
+    if result["verdict"]:
+        raise ConfigError(result["verdict"])
+    return result
+
+
+def _tell_the_others(store, rank: int, size: int, record: str, timeout: float) -> None:
+    """Meet the other ranks with `record` (FAILED + this rank's error): they fail naming it."""
+    try:
+        agree(store, rank, size, record, None, timeout)
+    except Exception:  # the store is gone, or the others are: they time out, naming this rank
+        pass
 
 
 def _failure_text(error: Exception) -> str:

@@ -2,12 +2,12 @@
 
 A rank whose grid, transport, algorithm tables, chunk size or flow control differ from its peers'
 would pair with the wrong peer or compute something else, silently or only at the timeout. So
-before the transport connects, each rank publishes what it must agree on (config.SETTINGS marked
-shared, and the algorithm tables it resolved, which a tuning file or the cost model's inputs
-decide) and a digest of it; rank 0 reads the digests, and the records of one rank per distinct
-digest only when they differ, and publishes a verdict that every other rank reads: a rank sets
-two keys and reads one however large the group. A group whose ranks disagree fails on every rank,
-naming each setting, each value and the ranks holding it.
+when the ranks meet in the store (topology.agree), each tells rank 0 a digest of what it must
+agree on: config.SETTINGS marked shared, and its tuning file's entries, which with the shared
+settings and the group's hosts make its algorithm tables. Rank 0 compares the digests, and reads
+the details of one rank per distinct digest only when they differ: the shared values, and the
+tables each tuning file makes for this group, which rank 0 computes. A group whose ranks disagree
+fails on every rank, naming each setting, each value and the ranks holding it.
 """
 
 from __future__ import annotations
@@ -16,29 +16,20 @@ import hashlib
 import json
 
 from .config import SETTINGS, ConfigError, Rule, render_rules
-from .topology import FAILED, describe_failures, failures_of
-_VERDICT_KEY = "torus/settings/verdict"
 
-
-def _digest_key(rank: int) -> str:
-    return f"torus/settings/{rank}"
-
-
-def _record_key(rank: int) -> str:
-    return f"torus/settings/record/{rank}"
-
-
-def shared_values(values: dict, tables: dict[str, tuple[Rule, ...]]) -> dict[str, str]:
-    """What this rank must agree on with its peers: each shared setting's value (or the part of
-    it that must agree) as text, then each collective's resolved algorithm table."""
+def shared_values(values: dict) -> dict[str, str]:
+    """Each shared setting's value (or the part of it that must agree) as text."""
     shared = {}
     for setting in SETTINGS:
         if setting.shared:
             value = values[setting.option]
             shared[setting.name] = str(setting.agreed(value)) if setting.agreed else setting.render(value)
-    for collective, rules in tables.items():
-        shared[f"the {collective} table"] = render_rules(rules)
     return shared
+
+
+def table_texts(tables: dict[str, tuple[Rule, ...]]) -> dict[str, str]:
+    """Each collective's resolved algorithm table as text, named as differences name it."""
+    return {f"the {collective} table": render_rules(rules) for collective, rules in tables.items()}
 
 
 def describe_ranks(ranks) -> str:
@@ -75,39 +66,36 @@ def disagreements(records: dict[tuple[int, ...], dict[str, str]]) -> list[str]:
     return lines or tables
 
 
-def agree_settings(store, rank: int, size: int, mine: dict[str, str] | str) -> None:
-    """Compares what the ranks of a group must share (`mine`: shared_values, or the error that
-    keeps this rank from creating the group). Raises ConfigError, on every rank alike, naming
-    each difference or the ranks that could not create the group; in a group of one, nothing."""
-    if size == 1:
-        return
-    if isinstance(mine, str):
-        store.set(_digest_key(rank), FAILED + mine)
-    else:
-        record = json.dumps(mine, sort_keys=True)
-        store.set(_record_key(rank), record)
-        store.set(_digest_key(rank), hashlib.sha256(record.encode()).hexdigest())
-    if rank == 0:
-        digests = [bytes(v).decode("utf-8", "replace") for v in store.multi_get([_digest_key(r) for r in range(size)])]
-        verdict = _verdict(store, digests)
-        store.set(_VERDICT_KEY, verdict)
-    else:
-        verdict = bytes(store.get(_VERDICT_KEY)).decode()
-    if verdict:
-        raise ConfigError(verdict)
+def settings_record(values: dict, tuning: dict | None) -> tuple[str, str]:
+    """(digest, detail) of what this rank must agree on with its peers: its shared settings and
+    `tuning` ({"path", "entries": the tuning file's entries as stored}, or None)."""
+    detail = json.dumps({"shared": shared_values(values), "tuning": tuning}, sort_keys=True)
+    return hashlib.sha256(detail.encode()).hexdigest(), detail
 
 
-def _verdict(store, digests: list[str]) -> str:
-    """Rank 0's answer to every rank's digest: empty when they agree, else the error."""
-    failed = failures_of(digests)
-    if failed:
-        return describe_failures(failed)
+def settings_verdict(digests: list[str], details, tables_of) -> str:
+    """Rank 0's answer to every rank's digest (rank order): empty when the ranks agree, else the
+    error. details(ranks) reads those ranks' settings_record details; tables_of(tuning) makes a
+    rank's algorithm tables from its tuning (and rank 0's shared settings, equal to its own when
+    they are compared), raising ConfigError when it cannot."""
     by_digest: dict[str, list[int]] = {}
     for r, digest in enumerate(digests):
         by_digest.setdefault(digest, []).append(r)
     if len(by_digest) == 1:
         return ""
     groups = list(by_digest.values())
-    texts = store.multi_get([_record_key(ranks[0]) for ranks in groups])
-    records = {tuple(ranks): json.loads(bytes(text).decode()) for ranks, text in zip(groups, texts)}
-    return "torus: the ranks of the group disagree on settings they must share: " + "; ".join(disagreements(records))
+    read = [json.loads(text) for text in details([ranks[0] for ranks in groups])]
+    lines = disagreements({tuple(ranks): detail["shared"] for ranks, detail in zip(groups, read)})
+    if not lines:
+        tables, failed = {}, []
+        for ranks, detail in zip(groups, read):
+            try:
+                tables[tuple(ranks)] = table_texts(tables_of(detail["tuning"]))
+            except ConfigError as error:
+                failed.append(f"{describe_ranks(ranks)} cannot create the group: {error}")
+        if failed:
+            return "; ".join(failed)
+        lines = disagreements(tables)
+    if not lines:
+        return ""
+    return "torus: the ranks of the group disagree on settings they must share: " + "; ".join(lines)

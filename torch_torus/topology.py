@@ -38,21 +38,8 @@ def host_identity() -> str:
     return "|".join(parts)
 
 
-# A rank that cannot create the group publishes this, then its error, in place of its record (here,
-# and in agreement.py's digests).
+# A rank that cannot create the group publishes this, then its error, in place of its record.
 FAILED = "\x00failed\x00"
-# Where rank 0 publishes what every rank reads back.
-_MEETING_KEY = "torus/meeting"
-
-
-def publish_failure(store, rank: int, error: str) -> None:
-    """Tell the group's other ranks, waiting in meet(), that this one cannot join."""
-    try:
-        store.set(f"torus/host/{rank}", FAILED + error)
-        if rank == 0:  # nobody else would publish the meeting
-            store.set(_MEETING_KEY, json.dumps({"failed": {"0": error}}))
-    except Exception:  # the store is gone too: the others will time out, naming the key
-        pass
 
 
 @dataclass(frozen=True)
@@ -63,6 +50,13 @@ class Meeting:
     # The first rank that would listen on a loopback address while the group spans hosts, its
     # address, and its TORUS_SOCKET_IFNAME; None when there is none.
     loopback: tuple[int, str, str] | None = None
+
+    @classmethod
+    def of(cls, answer: dict, size: int) -> "Meeting":
+        """The meeting `answer` (meeting_of's) tells a group of `size` ranks of."""
+        numbers = answer["hosts"] if "hosts" in answer else [r // answer["ranks_per_host"] for r in range(size)]
+        loopback = answer["loopback"]
+        return cls([f"host{h}" for h in numbers], tuple(loopback) if loopback else None)
 
     def check_addresses(self, rank: int) -> None:
         """Fail, on every rank alike, when a rank would publish a loopback address to peers on
@@ -85,6 +79,8 @@ class Meeting:
 
 
 def _is_loopback(address: str) -> bool:
+    if not address.startswith("127.") and ":" not in address:  # rank 0 looks at every rank's: be quick
+        return False
     try:
         return ipaddress.ip_address(address).is_loopback
     except ValueError:
@@ -101,46 +97,30 @@ def describe_failures(failed: dict[str, str]) -> str:
     return "; ".join(f"rank {r} cannot create the group: {why}" for r, why in failed.items())
 
 
-def meeting_of(records: list[str]) -> dict:
-    """Rank 0's answer to the records every rank published (rank order): failures, else host
-    numbers and the loopback verdict."""
-    failed = failures_of(records)
-    if failed:
-        return {"failed": failed}
-    parsed = [json.loads(v) for v in records]
+def meeting_record(identity: str, address: str, ifname: str) -> dict:
+    """What a rank tells rank 0 of where it lives (meeting_of reads it)."""
+    return {"id": identity, "address": address, "ifname": ifname}
+
+
+def meeting_of(records: list[dict]) -> dict:
+    """Rank 0's answer to every rank's meeting_record (rank order): host numbers and the loopback
+    verdict. The host numbers travel as ranks_per_host when every host holds that many ranks in
+    a row (the usual layout, and one rank per host), so that no rank reads a list of them all."""
     numbers: dict[str, int] = {}
-    hosts = [numbers.setdefault(record["id"], len(numbers)) for record in parsed]
+    hosts = [numbers.setdefault(record["id"], len(numbers)) for record in records]
     loopback = None
     if len(numbers) > 1:
-        loopback = next(([r, record["address"], record["ifname"]] for r, record in enumerate(parsed)
+        loopback = next(([r, record["address"], record["ifname"]] for r, record in enumerate(records)
                          if _is_loopback(record["address"])), None)
+    per_host = len(hosts) // len(numbers)
+    if len(hosts) % len(numbers) == 0 and all(h == r // per_host for r, h in enumerate(hosts)):
+        return {"ranks_per_host": per_host, "loopback": loopback}
     return {"hosts": hosts, "loopback": loopback}
 
 
-def meet(store, rank: int, size: int, identity: str, address: str = "", ifname: str = "") -> Meeting:
-    """The ranks of a group meet in its store: each publishes its host identity and address, rank
-    0 reads them all and publishes one answer, which the others read. So a rank reads one key
-    (rank 0: one per rank) however large the group, where reading every rank's record on every
-    rank would cost the store size² reads. A ConfigError naming the rank(s) and their errors
-    when some could not create the group."""
-    record = json.dumps({"id": identity, "address": address, "ifname": ifname})
-    store.set(f"torus/host/{rank}", record)
-    if rank == 0:
-        records = [bytes(v).decode("utf-8", "replace")
-                   for v in store.multi_get([f"torus/host/{r}" for r in range(size)])]
-        answer = meeting_of(records)
-        store.set(_MEETING_KEY, json.dumps(answer))
-    else:
-        answer = json.loads(bytes(store.get(_MEETING_KEY)).decode())
-    if "failed" in answer:
-        raise ConfigError(describe_failures(answer["failed"]))
-    loopback = answer["loopback"]
-    return Meeting([f"host{h}" for h in answer["hosts"]], tuple(loopback) if loopback else None)
-
-
-# The keys of the agreement on a group's epoch, the only ones a group reads that an earlier group
-# of the same name (an earlier attempt under torchrun, whose agent keeps its store across
-# restarts; a group destroyed and created again on the same store) may have left.
+# The keys of the ranks' meeting, the only ones a group reads that an earlier group of the same
+# name (an earlier attempt under torchrun, whose agent keeps its store across restarts; a group
+# destroyed and created again on the same store) may have left.
 _ARRIVALS_KEY = "torus/epoch/arrivals"
 # What rank 0 adds to the arrivals counter (every other rank adds 1): the counter's value divided
 # by it counts the rank 0s that ever arrived, which numbers their generations.
@@ -160,84 +140,127 @@ def latest_epoch(store) -> str | None:
     key = _generation_key(generation, "result")
     if generation == 0 or not store.check([key]):
         return None
-    epoch = bytes(store.get(key)).decode()
-    return epoch if epoch and epoch != SUPERSEDED else None
+    result = bytes(store.get(key)).decode()
+    return json.loads(result)["epoch"] if result and result != SUPERSEDED else None
 
 
-def agree_epoch(store, rank: int, size: int, timeout: float) -> str:
-    """A name no earlier group on this store has used, agreed by every rank of this one, in O(1)
-    store operations per rank, each either immediate or a blocking wait (no polling).
+def agree(store, rank: int, size: int, record: str, decide, timeout: float, detail: str = "") -> dict | None:
+    """The one round in which the ranks of a group meet in its store: each publishes `record`
+    (and `detail`, which rank 0 reads only when it asks), rank 0 reads every record with one
+    read, and `decide(records, details)` (records in rank order; details(ranks) reads those
+    ranks' details) makes the result every rank returns, with "epoch" added: a name no earlier
+    group on this store has used, under which the group keeps its keys (torus/<epoch>/). A
+    record FAILED + error says the rank cannot create the group: rank 0's fails it at once
+    ({"failed": {"0": error}}), another rank's returns None, and rank 0 gets it among the
+    records. O(1) store operations per rank, each immediate or a blocking wait (no polling).
 
     Every arrival adds to one counter: rank 0 a large constant, the others 1, so the value tells
-    each arriving rank how many rank 0s have arrived, which numbers the generations. A rank joins
-    generation g only once g's rank 0 had arrived (the counter said so, or a later key that only
-    that rank 0 sets): so every rank that joins g is a contemporary of g's rank 0, never a rank
-    of an earlier attempt whose rank 0 is gone. Generation g's rank 0 waits until size - 1 ranks
-    joined, then sets g's result to the epoch; a later rank 0 sets it to SUPERSEDED first when g's
-    rank 0 never did (it died), and its ranks join the next generation. The result is set with
-    compare_set, so it is one or the other, once. A rank that finds g full already (an earlier
-    group of this name completed it) waits for the next rank 0. Every other key of the group lives
-    under torus/<epoch>/. Raises TimeoutError naming the ranks that did not join within `timeout`
-    seconds."""
+    each arriving rank how many rank 0s have arrived, which numbers the generations, and its
+    arrival number (how many other ranks ever arrived before it). Generation g's members are the
+    size - 1 ranks that arrive next after g's rank 0: so every member is a contemporary of g's
+    rank 0, never a rank of an earlier attempt whose rank 0 is gone. Each sets its record under
+    its arrival number (no rank overwrites another's); rank 0, which knows those numbers from its
+    own, waits for them, reads them and sets g's result, naming the numbers it took. A rank whose
+    number it does not name (it arrived before g's rank 0, or after g filled), or whose
+    generation's rank 0 died (a later rank 0 sets that result to SUPERSEDED first; compare_set,
+    so it is one or the other, once), waits for the next rank 0 and arrives again. Raises
+    TimeoutError naming the ranks that did not join within `timeout` seconds."""
     if size == 1:
-        return secrets.token_hex(8)
+        return {**decide([record], lambda ranks: [detail]), "epoch": secrets.token_hex(8)}
     deadline = time.monotonic() + timeout
-    if rank == 0:
-        generation = store.add(_ARRIVALS_KEY, RANK0_ARRIVAL) // RANK0_ARRIVAL
-        store.set(_generation_key(generation - 1, "next"), "")
-        if generation > 1:
-            store.compare_set(_generation_key(generation - 1, "result"), "", SUPERSEDED)
+    if rank != 0:
         try:
-            wait_for_key(store, _generation_key(generation, "full"), deadline)
+            return _join(store, rank, size, record, detail, deadline)
         except TimeoutError:
-            joined = [r for r in range(1, size) if store.check([_generation_key(generation, f"rank/{r}")])]
-            missing = sorted(set(range(1, size)) - set(joined))
-            raise TimeoutError(f"ranks {missing} did not join within {timeout:g} s") from None
-        epoch = f"{generation}-{secrets.token_hex(8)}"
-        store.compare_set(_generation_key(generation, "result"), "", epoch)
-        return epoch
+            raise TimeoutError(f"rank 0 did not confirm rank {rank}'s joining within {timeout:g} s") from None
+    arrival = store.add(_ARRIVALS_KEY, RANK0_ARRIVAL)
+    generation, first = arrival // RANK0_ARRIVAL, arrival % RANK0_ARRIVAL + 1
+    store.set(_generation_key(generation - 1, "next"), "")
+    if generation > 1:
+        store.compare_set(_generation_key(generation - 1, "result"), "", SUPERSEDED)
+    numbers = range(first, first + size - 1)
+    answer = {"members": [numbers[0], numbers[-1]], "epoch": f"{generation}-{secrets.token_hex(8)}"}
+    result_key = _generation_key(generation, "result")
+    if record.startswith(FAILED):  # the others fail as they join
+        result = {"failed": {"0": record[len(FAILED):]}, **answer}
+        store.compare_set(result_key, "", json.dumps(result))
+        return result
+    keys = [_generation_key(generation, f"arrival/{n}") for n in numbers]
     try:
-        return _join(store, rank, size, deadline)
+        wait_for_keys(store, keys, deadline)
     except TimeoutError:
-        raise TimeoutError(f"rank 0 did not confirm rank {rank}'s joining within {timeout:g} s") from None
+        joined = {_rank_of(bytes(store.get(key)).decode("utf-8", "replace")) for key in keys if store.check([key])}
+        missing = sorted(set(range(1, size)) - joined)
+        raise TimeoutError(f"ranks {missing} did not join within {timeout:g} s") from None
+    try:
+        records, number_of = [record] + [""] * (size - 1), {}
+        for number, value in zip(numbers, store.multi_get(keys)):
+            text = bytes(value).decode("utf-8", "replace")
+            joiner = _rank_of(text)
+            if not 0 < joiner < size or joiner in number_of:
+                raise ValueError(f"rank {joiner} joined the group of {size} ranks twice, or does not belong to it")
+            records[joiner], number_of[joiner] = text.partition("\n")[2], number
+
+        def details(ranks: list[int]) -> list[str]:
+            theirs = [r for r in ranks if r != 0]
+            read = store.multi_get([_generation_key(generation, f"detail/{number_of[r]}") for r in theirs])
+            texts = dict(zip(theirs, (bytes(v).decode("utf-8", "replace") for v in read)))
+            return [detail if r == 0 else texts[r] for r in ranks]
+
+        result = {**decide(records, details), **answer}
+    except Exception as error:  # a record it cannot read: the others fail at once too, naming it
+        store.compare_set(result_key, "", json.dumps({"failed": {"0": f"{type(error).__name__}: {error}"}, **answer}))
+        raise
+    store.compare_set(result_key, "", json.dumps(result))
+    return result
 
 
-def _join(store, rank: int, size: int, deadline: float) -> str:
-    """agree_epoch on a rank other than 0: the epoch of the generation it joined."""
-    generation = store.add(_ARRIVALS_KEY, 1) // RANK0_ARRIVAL
+def _rank_of(arrival: str) -> int:
+    """The rank a record set under an arrival number says it comes from (its first line)."""
+    return int(arrival.partition("\n")[0])
+
+
+def _join(store, rank: int, size: int, record: str, detail: str, deadline: float) -> dict | None:
+    """agree on a rank other than 0: the result of the generation it joined."""
     while True:
+        arrival = store.add(_ARRIVALS_KEY, 1)
+        generation, number = arrival // RANK0_ARRIVAL, arrival % RANK0_ARRIVAL
         if generation > 0:
-            store.set(_generation_key(generation, f"rank/{rank}"), "")
-            place = store.add(_generation_key(generation, "count"), 1)
-            if place == size - 1:
-                store.set(_generation_key(generation, "full"), "")
-            if place < size:
-                result = wait_for_key(store, _generation_key(generation, "result"), deadline, read=True)
-                if result != SUPERSEDED:
-                    return result
-                generation += 1
-                continue
-        # No rank 0 had arrived, or the generation's rank 0 has its ranks already: this rank's
-        # rank 0 is a later one.
+            names, values = [f"arrival/{number}"], [f"{rank}\n{record}"]
+            if detail:
+                names, values = names + [f"detail/{number}"], values + [detail]
+            store.multi_set([_generation_key(generation, name) for name in names], values)
+            result = wait_for_key(store, _generation_key(generation, "result"), deadline, read=True)
+            if result != SUPERSEDED:
+                answer = json.loads(result)
+                lo, hi = answer["members"]
+                if lo <= number <= hi:
+                    return None if record.startswith(FAILED) else answer
+        # No rank 0 had arrived, this arrival came before its generation's rank 0 or after the
+        # generation filled, or that rank 0 died: this rank's rank 0 is a later one.
         wait_for_key(store, _generation_key(generation, "next"), deadline)
-        generation += 1
 
 
 def wait_for_key(store, key: str, deadline: float, read: bool = False) -> str | None:
     """Blocks until `key` is set (and returns its value when `read`), or raises TimeoutError at
     `deadline` (time.monotonic())."""
+    wait_for_keys(store, [key], deadline)
+    return bytes(store.get(key)).decode() if read else None
+
+
+def wait_for_keys(store, keys: list[str], deadline: float) -> None:
+    """Blocks until every one of `keys` is set, or raises TimeoutError at `deadline`."""
     import torch.distributed as dist
 
     left = deadline - time.monotonic()
     try:
         if left <= 0:
             raise TimeoutError
-        store.wait([key], datetime.timedelta(seconds=left))
+        store.wait(keys, datetime.timedelta(seconds=left))
     except (TimeoutError, dist.DistStoreError, RuntimeError) as error:
         if isinstance(error, TimeoutError) or "timeout" in str(error).lower():
-            raise TimeoutError(f"{key} was not set in time") from None
+            raise TimeoutError(f"{', '.join(keys[:3])}{' ...' if len(keys) > 3 else ''} not set in time") from None
         raise
-    return bytes(store.get(key)).decode() if read else None
 
 
 def rendezvous_environ(store, environ: Mapping[str, str] | None = None) -> Mapping[str, str]:

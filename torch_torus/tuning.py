@@ -160,6 +160,12 @@ def read(path: str) -> list[Entry]:
     records = document.get("entries")
     if not isinstance(records, list):
         raise _problem(path, "has no \"entries\" list")
+    return entries_of(records, path)
+
+
+def entries_of(records: list, path: str) -> list[Entry]:
+    """The entries of a tuning file's "entries" list (read's, or the one another rank read:
+    agreement.py); a ConfigError naming the file and what is wrong otherwise."""
     entries = []
     for index, record in enumerate(records):
         where = f"entry {index}"

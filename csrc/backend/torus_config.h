@@ -59,6 +59,9 @@ struct TorusConfig {
   // its dumps go to (this group's, under TORUS_TRACE_DIR).
   uint64_t traceBuffer = 2000;
   std::string traceDir;
+  // The group's secret (transport/group_secret.h), which rank 0 drew and every rank learned when
+  // the ranks met in the store; a group of one or over shared memory alone needs none.
+  std::string secret;
 };
 
 } // namespace torus

@@ -26,9 +26,15 @@ class StoreRendezvous : public Rendezvous {
   bool looksUpFromAnyThread() const override {
     return true;
   }
-  std::optional<std::string> tryGet(const std::string& key) override {
-    if (!store_->check({key})) {
-      return std::nullopt;
+  std::optional<std::string> waitFor(const std::string& key, std::chrono::milliseconds timeout) override {
+    try {
+      store_->wait({key}, timeout);
+    } catch (const std::exception&) {
+      // Its timeout, or the store failed (a store behind Python throws either as the same
+      // type): one look tells them apart, throwing in the second case.
+      if (!store_->check({key})) {
+        return std::nullopt;
+      }
     }
     return get(key);
   }
@@ -63,12 +69,13 @@ GroupTransport buildTransport(const c10::intrusive_ptr<c10d::Store>& store, int 
     tcp.address = config.address;
     tcp.timeout = timeout;
     tcp.messages = messages;
-    // Every connection between the ranks proves it knows the group's secret: one key in the
-    // store, set by rank 0 and read (one blocking get) by each other rank. Shared memory makes
-    // no connection: its segments are the ranks' own.
-    if (config.transport != "shm" && size > 1) {
-      tcp.secret = shareGroupSecret(*rendezvous, rank);
-    }
+    // Every connection between the ranks proves it knows the group's secret, which rank 0 drew
+    // and handed every rank when they met in the store. Shared memory makes no connection: its
+    // segments are the ranks' own.
+    TORUS_CHECK_ARG(config.transport == "shm" || size == 1 || config.secret.size() == kSecretBytes,
+                    "a group of ", size, " ranks over ", config.transport, " needs the group's secret of ",
+                    kSecretBytes, " bytes, got ", config.secret.size(), " bytes");
+    tcp.secret = config.secret;
     if (config.transport == "shm") {
       auto shm = std::make_shared<ShmTransport>(rank, size, *rendezvous, std::vector<int>{}, messages);
       group.description = std::string("shared memory (") +

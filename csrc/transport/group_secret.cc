@@ -14,10 +14,6 @@ namespace torus {
 
 namespace {
 
-constexpr size_t kSecretBytes = 32;
-// The one key of the group's store the secret lives under.
-const char* const kSecretKey = "auth/secret";
-
 void fillRandom(uint8_t* out, size_t n) {
   for (size_t done = 0; done < n;) {
     const ssize_t got = ::getrandom(out + done, n - done, 0);
@@ -34,16 +30,6 @@ void appendInt(std::string& message, int value) {
 }
 
 } // namespace
-
-std::string shareGroupSecret(Rendezvous& rendezvous, int rank) {
-  if (rank != 0) {
-    return rendezvous.get(kSecretKey);
-  }
-  std::string secret(kSecretBytes, '\0');
-  fillRandom(reinterpret_cast<uint8_t*>(secret.data()), secret.size());
-  rendezvous.set(kSecretKey, secret);
-  return secret;
-}
 
 Nonce freshNonce() {
   Nonce nonce;

@@ -1,7 +1,7 @@
 // The group's secret, and the proofs of it that every hello carries (docs/security.md).
 //
-// Rank 0 draws 32 random bytes when the group's transport is made and sets them under one key of
-// the group's store; every other rank reads that key (one blocking get). A connection's hello
+// Rank 0 draws 32 random bytes when the ranks meet in the group's store (torch_torus/topology.py)
+// and hands them to every rank with the meeting's result. A connection's hello
 // carries a nonce of its sender's and HMAC-SHA256(secret, what it is | sender | receiver | nonce
 // | what it carries): the receiver checks the proof and that it never saw the nonce, so a hello
 // taken off the wire and sent again fails as one made up does. An answer that makes a connection
@@ -21,8 +21,8 @@ namespace torus {
 constexpr size_t kNonceBytes = 16;
 using Nonce = std::array<uint8_t, kNonceBytes>;
 
-// The group's secret: drawn by rank 0 and set in the store, read (blocking) by the others.
-std::string shareGroupSecret(Rendezvous& rendezvous, int rank);
+// The length of the group's secret.
+constexpr size_t kSecretBytes = 32;
 
 // Bytes from the kernel's random source.
 Nonce freshNonce();

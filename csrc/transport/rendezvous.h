@@ -2,8 +2,16 @@
 // backend adapts the c10d::Store that init_process_group hands it).
 #pragma once
 
+#include <chrono>
+#include <condition_variable>
+#include <deque>
+#include <functional>
+#include <map>
+#include <memory>
+#include <mutex>
 #include <optional>
 #include <string>
+#include <thread>
 
 #include "transport/transport.h"
 
@@ -15,26 +23,63 @@ class Rendezvous {
   virtual void set(const std::string& key, const std::string& value) = 0;
   // Blocks until the key is set (or the store's own timeout throws).
   virtual std::string get(const std::string& key) = 0;
-  // Whether tryGet works, later and from any thread (a transport's progress, holding its
-  // lock): not for a store behind Python callbacks, which need the interpreter's lock.
+  // Whether waitFor works, later and from a thread of the transport's own: not for a store
+  // behind Python callbacks that only its creating thread may call.
   virtual bool looksUpFromAnyThread() const {
     return false;
   }
-  // The key's value if it is set, without waiting; only where looksUpFromAnyThread().
-  virtual std::optional<std::string> tryGet(const std::string& key) {
+  // Blocks until the key is set, at most `timeout`: its value, or nullopt when it is not set by
+  // then; throws when the store fails. Only where looksUpFromAnyThread().
+  virtual std::optional<std::string> waitFor(const std::string& key, std::chrono::milliseconds timeout) {
     return std::nullopt;
   }
 };
 
-// When to look again after `tries` looks that found nothing (or connections that failed): 1 ms,
-// doubling to 100 ms.
+// When to try again after `tries` connections that failed: 1 ms, doubling to 100 ms.
 Clock::time_point backoff(int tries);
 
-// One look, without blocking, for the value a peer publishes under `key` (its address), from a
-// transport's progress: the value; or nullopt with *failure empty while it is not there yet
-// (*nextTry then set by backoff(*tries)); or nullopt with *failure saying why it never will be
-// (the store failed, or `deadline` passed). Only where rendezvous.looksUpFromAnyThread().
-std::optional<std::string> lookUpPublished(Rendezvous& rendezvous, const std::string& key, Deadline deadline,
-                                           Clock::time_point* nextTry, int* tries, std::string* failure);
+// The values peers publish under keys of the store (their addresses), looked up when a transport
+// first needs them, on a thread of their own: its progress never blocks on the store, and no
+// lookup polls. Each is one wait for the key, bounded by the lookup's deadline, then one get.
+class PublishedLookups {
+ public:
+  // `wake` is called, from the lookups' thread, when an answer is in; `rendezvous` must
+  // looksUpFromAnyThread().
+  PublishedLookups(std::shared_ptr<Rendezvous> rendezvous, std::function<void()> wake);
+  // Waits for the thread, at most kSlice when it waits for a key.
+  ~PublishedLookups();
+  PublishedLookups(const PublishedLookups&) = delete;
+  PublishedLookups& operator=(const PublishedLookups&) = delete;
+
+  // Without blocking, from a transport's progress: the value published under `key`; or nullopt
+  // with *failure empty while it is looked up (the first call starts it; `wake` says when to
+  // call again); or nullopt with *failure saying why it never will be (the store failed, or
+  // `deadline` passed first).
+  std::optional<std::string> lookUp(const std::string& key, Deadline deadline, std::string* failure);
+
+  // How long one wait for a key lasts at most: the thread then looks whether it is to stop,
+  // and lets the next key's lookup go first (one peer that never publishes delays the others'
+  // by at most this; so does a TCPStore client, which serves one request at a time, delay the
+  // rank's other store operations).
+  static constexpr auto kSlice = std::chrono::milliseconds(1000);
+
+ private:
+  struct Lookup {
+    Deadline deadline;
+    bool answered = false;
+    std::optional<std::string> value;
+    std::string failure;
+  };
+  void run();
+
+  const std::shared_ptr<Rendezvous> rendezvous_;
+  const std::function<void()> wake_;
+  std::mutex mutex_;
+  std::condition_variable wanted_;
+  std::map<std::string, Lookup> lookups_; // by key, until its answer is taken
+  std::deque<std::string> waiting_; // the keys not answered yet, the next to wait for first
+  bool stopping_ = false;
+  std::thread thread_; // started by the first lookup
+};
 
 } // namespace torus

@@ -101,13 +101,14 @@ OfiTransport::OfiTransport(int rank, int size, std::shared_ptr<Rendezvous> rende
     }
   }
   if (rendezvous->looksUpFromAnyThread()) {
-    rendezvous_ = std::move(rendezvous);
+    addressLookups_ = std::make_unique<PublishedLookups>(std::move(rendezvous), [this] { wakeSleeper(); });
   }
   joinHelper();
 }
 
 OfiTransport::~OfiTransport() {
   leaveHelper();
+  addressLookups_.reset(); // its thread wakes this transport's sleeper
   std::unique_lock<std::mutex> lock(mutex_);
   destroying_ = true;
   for (Stream* stream : made_) {
@@ -250,19 +251,15 @@ bool OfiTransport::advanceLookup(int peer, Lookup& lookup) {
   if (streams_[peer] || !peerFailure(peer).empty()) {
     return true;
   }
-  if (Clock::now() < lookup.nextTry) {
-    return false;
-  }
   if (published_[peer].empty()) {
     std::string failure;
-    auto found = lookUpPublished(*rendezvous_, "ofi/" + std::to_string(peer), lookup.deadline, &lookup.nextTry,
-                                 &lookup.tries, &failure);
+    auto found = addressLookups_->lookUp("ofi/" + std::to_string(peer), lookup.deadline, &failure);
     if (!failure.empty()) {
       failPeer(peer, cannot + ": " + failure);
       return true;
     }
     if (!found) {
-      return false;
+      return false; // the lookup wakes the sleeper when it has an answer
     }
     published_[peer] = *found;
   }
@@ -486,7 +483,7 @@ bool OfiTransport::sleep(std::unique_lock<std::mutex>& lock, Deadline deadline) 
     fds.push_back({fabric_.waitFd(), POLLIN, 0});
     Clock::time_point wakeAt = deadline;
     for (const auto& [peer, lookup] : lookups_) {
-      wakeAt = std::min(wakeAt, lookup.nextTry);
+      wakeAt = std::min(wakeAt, lookup.deadline);
     }
     for (const Stream* stream : made_) {
       if (stream->reading && !stream->reading->posted) {

@@ -75,7 +75,7 @@ struct OfiOptions {
   // net), where reads measured slower than the stream (BENCHMARKS.md, issue 31).
   std::optional<size_t> rmaAbove;
   MessageOptions messages;
-  // The group's secret (shareGroupSecret), which every hello, on the fabric and on the
+  // The group's secret (transport/group_secret.h), which every hello, on the fabric and on the
   // lifelines, proves.
   std::string secret;
 };

@@ -78,8 +78,6 @@ class OfiTransport : public MessageTransport {
   // A peer whose address is being looked up.
   struct Lookup {
     Deadline deadline;
-    Clock::time_point nextTry;
-    int tries = 0;
   };
 
   void wantLink(int peer) override;
@@ -128,7 +126,7 @@ class OfiTransport : public MessageTransport {
   Gatekeeper gate_;
   const size_t rmaAbove_;
   const std::chrono::milliseconds timeout_;
-  std::shared_ptr<Rendezvous> rendezvous_; // set while peers' addresses are looked up lazily
+  std::unique_ptr<PublishedLookups> addressLookups_; // set where peers' addresses are looked up lazily
   std::vector<std::string> published_; // by rank: "<lifeline> <endpoint name in hex>", once known
   std::vector<std::unique_ptr<Stream>> streams_; // by rank; null until made
   std::vector<Stream*> made_; // the streams, in the order they were made

@@ -156,13 +156,14 @@ TcpTransport::TcpTransport(int rank, int size, std::shared_ptr<Rendezvous> rende
     throw;
   }
   if (rendezvous->looksUpFromAnyThread()) {
-    rendezvous_ = std::move(rendezvous);
+    addressLookups_ = std::make_unique<PublishedLookups>(std::move(rendezvous), [this] { wakeSleeper(); });
   }
   joinHelper();
 }
 
 TcpTransport::~TcpTransport() {
   leaveHelper();
+  addressLookups_.reset(); // its thread wakes this transport's sleeper
   for (Pair* pair : linked_) {
     // Only between whole frames: a connection mid-frame just closes.
     if (peerFailure(pair->peer).empty() && betweenFrames(pair->peer)) {
@@ -365,17 +366,17 @@ bool TcpTransport::advanceDial(int peer, Dial& dial) {
   if (!peerFailure(peer).empty()) {
     return false;
   }
-  if ((dial.step == Step::kLookUp || dial.step == Step::kRefused) && Clock::now() < dial.nextTry) {
+  if (dial.step == Step::kRefused && Clock::now() < dial.nextTry) {
     return false;
   }
   if (dial.step == Step::kLookUp && where.empty()) {
     std::string failure;
-    auto found = lookUpPublished(*rendezvous_, "tcp/" + std::to_string(peer), dial.deadline, &dial.nextTry,
-                                 &dial.tries, &failure);
+    auto found = addressLookups_->lookUp("tcp/" + std::to_string(peer), dial.deadline, &failure);
     if (!failure.empty()) {
       failPeer(peer, cannot + ": " + failure);
     }
     if (!found) {
+      dial.nextTry = dial.deadline; // the lookup wakes the sleeper when it has an answer
       return false;
     }
     addresses_[peer] = *found;

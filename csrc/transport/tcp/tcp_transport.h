@@ -46,7 +46,7 @@ struct TcpOptions {
   // Bounds making each connection, from the first request that needs it.
   std::chrono::milliseconds timeout{std::chrono::minutes(30)};
   MessageOptions messages;
-  // The group's secret (shareGroupSecret), which every connection's handshake proves.
+  // The group's secret (transport/group_secret.h), which every connection's handshake proves.
   std::string secret;
 };
 
@@ -72,7 +72,7 @@ class TcpTransport : public MessageTransport {
     enum class Step { kLookUp, kConnect, kAwaitVerdict, kRefused } step = Step::kLookUp;
     int fd = -1;
     Deadline deadline;
-    Clock::time_point nextTry; // kLookUp, kRefused: when to look (or connect) again
+    Clock::time_point nextTry; // kRefused: when to connect again; kLookUp: the sleep's latest wake
     int tries = 0;
     int error = 0; // kConnect: connect's own error, when it failed at once
     std::string verdict; // kAwaitVerdict: the bytes read so far
@@ -102,8 +102,8 @@ class TcpTransport : public MessageTransport {
 
   const std::chrono::milliseconds timeout_;
   Gatekeeper gate_;
-  // Set while peers' addresses are still to be looked up.
-  std::shared_ptr<Rendezvous> rendezvous_;
+  // Set where peers' addresses are looked up when first needed.
+  std::unique_ptr<PublishedLookups> addressLookups_;
   std::vector<std::string> addresses_; // by rank; empty until known
   int listenFd_ = -1;
   int wakeFd_ = -1;
