@@ -23,7 +23,6 @@ PublishedLookups::~PublishedLookups() {
     std::lock_guard<std::mutex> lock(mutex_);
     stopping_ = true;
   }
-  wanted_.notify_all();
   if (thread_.joinable()) {
     thread_.join();
   }
@@ -36,10 +35,13 @@ std::optional<std::string> PublishedLookups::lookUp(const std::string& key, Dead
   if (found == lookups_.end()) {
     lookups_[key].deadline = deadline;
     waiting_.push_back(key);
-    if (!thread_.joinable()) {
+    if (!running_) {
+      if (thread_.joinable()) {
+        thread_.join(); // it has left run(): it cleared running_ under this lock
+      }
+      running_ = true;
       thread_ = std::thread([this] { run(); });
     }
-    wanted_.notify_one();
     return std::nullopt;
   }
   if (!found->second.answered) {
@@ -54,8 +56,8 @@ std::optional<std::string> PublishedLookups::lookUp(const std::string& key, Dead
 void PublishedLookups::run() {
   std::unique_lock<std::mutex> lock(mutex_);
   while (true) {
-    wanted_.wait(lock, [this] { return stopping_ || !waiting_.empty(); });
-    if (stopping_) {
+    if (stopping_ || waiting_.empty()) {
+      running_ = false;
       return;
     }
     const std::string key = waiting_.front();

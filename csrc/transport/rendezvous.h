@@ -3,7 +3,6 @@
 #pragma once
 
 #include <chrono>
-#include <condition_variable>
 #include <deque>
 #include <functional>
 #include <map>
@@ -46,7 +45,7 @@ class PublishedLookups {
   // `wake` is called, from the lookups' thread, when an answer is in; `rendezvous` must
   // looksUpFromAnyThread().
   PublishedLookups(std::shared_ptr<Rendezvous> rendezvous, std::function<void()> wake);
-  // Waits for the thread, at most kSlice when it waits for a key.
+  // Waits for the thread, if it runs: at most kSlice when it waits for a key.
   ~PublishedLookups();
   PublishedLookups(const PublishedLookups&) = delete;
   PublishedLookups& operator=(const PublishedLookups&) = delete;
@@ -75,11 +74,13 @@ class PublishedLookups {
   const std::shared_ptr<Rendezvous> rendezvous_;
   const std::function<void()> wake_;
   std::mutex mutex_;
-  std::condition_variable wanted_;
   std::map<std::string, Lookup> lookups_; // by key, until its answer is taken
   std::deque<std::string> waiting_; // the keys not answered yet, the next to wait for first
   bool stopping_ = false;
-  std::thread thread_; // started by the first lookup
+  // The thread runs while keys wait and ends when none does (a group keeps no idle thread; a
+  // process may hold thousands of groups); the next lookup starts it again.
+  bool running_ = false;
+  std::thread thread_;
 };
 
 } // namespace torus
