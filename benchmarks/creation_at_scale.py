@@ -107,7 +107,7 @@ def create(store: dist.Store, rank: int, size: int, values: dict, timeout: float
 
 def look_up(group: dist.Store, peer: int, timeout: float = TIMEOUT_S) -> str:
     """A peer's address, looked up as the transport's PublishedLookups does (rendezvous.cc):
-    a wait for its key, then a get."""
+    a wait for its key, then a read of it (topology.read_key)."""
     return wait_for_key(group, f"tcp/{peer}", time.monotonic() + timeout, read=True)
 
 

@@ -380,6 +380,10 @@ def test_ranks_meet_through_one_key_each():
             reads.append(key)
             return store.get(key)
 
+        def compare_set(self, key, expected, desired):
+            reads.append(key)
+            return store.compare_set(key, expected, desired)
+
     seen = []
 
     def decide(records, details):

@@ -245,7 +245,17 @@ def wait_for_key(store, key: str, deadline: float, read: bool = False) -> str | 
     """Blocks until `key` is set (and returns its value when `read`), or raises TimeoutError at
     `deadline` (time.monotonic())."""
     wait_for_keys(store, [key], deadline)
-    return bytes(store.get(key)).decode() if read else None
+    return read_key(store, key) if read else None
+
+
+# compare_set(key, x, x) changes nothing whatever the key holds and returns its value (x when it
+# is absent): a read of one round trip, where TCPStore's get first waits for the key (two).
+_READ_ONLY = "\0"
+
+
+def read_key(store, key: str) -> str:
+    """The value of `key`, known to be set (a wait for it returned), in one store request."""
+    return bytes(store.compare_set(key, _READ_ONLY, _READ_ONLY)).decode()
 
 
 def wait_for_keys(store, keys: list[str], deadline: float) -> None:

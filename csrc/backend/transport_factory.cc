@@ -36,7 +36,12 @@ class StoreRendezvous : public Rendezvous {
         return std::nullopt;
       }
     }
-    return get(key);
+    // TCPStore's get would wait for the key again (a second round trip). compareSet with the
+    // same expected and desired value changes nothing and returns the value: one round trip.
+    const std::string readOnly(1, '\0');
+    const std::vector<uint8_t> same(readOnly.begin(), readOnly.end());
+    auto value = store_->compareSet(key, same, same);
+    return std::string(value.begin(), value.end());
   }
 
  private:
