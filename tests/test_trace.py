@@ -125,6 +125,12 @@ def _case_dump_on_request(ctx, buffer):
         problems.append(f"sequence numbers {[e['collective_seq_id'] for e in entries]}")
     if any(e["state"] != "completed" or e["time_discovered_completed_ns"] is None for e in entries):
         problems.append(f"states {[e['state'] for e in entries]}")
+    # A call run at once by its caller is written as started when it is recorded: its times still
+    # run created <= started <= completed, like a queued one's.
+    times = [(e["time_created_ns"], e["time_discovered_started_ns"], e["time_discovered_completed_ns"])
+             for e in entries]
+    if any(None in t or not t[0] <= t[1] <= t[2] for t in times):
+        problems.append(f"times (created, started, completed) {times}")
     return problems
 
 

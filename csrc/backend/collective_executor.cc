@@ -40,26 +40,45 @@ c10::intrusive_ptr<c10d::Work> CollectiveExecutor::enqueue(const CallDescription
                                                            std::chrono::milliseconds timeout, Body body,
                                                            std::shared_ptr<DeviceCall> device, bool mayRunHere) {
   const char* title = call.title();
-  const uint64_t recordId = record(call, title, inputs, outputs);
+  const bool mayClaim = mayRunHere && !device;
+  // A call that may run here is recorded once it is known whether it does: as started then.
+  uint64_t recordId = mayClaim ? 0 : record(call, title, inputs, outputs, 0);
+  const auto makeWork = [&] {
+    return c10::make_intrusive<TorusWork>(rank_, call.type, title, std::move(outputs), std::move(inputs), label_,
+                                          arrivals_, device, watch_);
+  };
   std::unique_lock<std::mutex> lock(mutex_);
   TORUS_CHECK(!stopping_, title, " called on a process group that has been shut down or aborted");
   ++issued_;
-  auto work = c10::make_intrusive<TorusWork>(rank_, call.type, title, std::move(outputs), std::move(inputs),
-                                            label_, arrivals_, device, watch_);
+  const bool nested = CallbackScope::inCallbacksOf(this);
   const CallPlace place = CallbackScope::placeNewCall();
+  if (mayClaim && !nested && claimIfIdle()) {
+    const uint64_t seq = nextSeqOfClaimer();
+    lock.unlock();
+    c10::intrusive_ptr<TorusWork> work;
+    try {
+      recordId = record(call, title, inputs, outputs, seq);
+      work = makeWork();
+    } catch (...) {
+      releaseCallingThread();
+      throw;
+    }
+    Job job{work, 0, place, title, timeout, signatureOf(call), std::move(body), nullptr, nullptr, recordId, true};
+    execute(job);
+    releaseCallingThread();
+    return work;
+  }
+  if (mayClaim) {
+    recordId = record(call, title, inputs, outputs, 0);
+  }
+  auto work = makeWork();
   Job job{work, 0, place, title, timeout, signatureOf(call), std::move(body), std::move(device), nullptr, recordId};
-  if (CallbackScope::inCallbacksOf(this)) {
+  if (nested) {
     // Issued by a callback this worker runs: what comes before it runs first, here, then it, as
     // the callback may wait for it.
     insert(std::move(job));
     lock.unlock();
     drainThrough(place, work.get());
-    return work;
-  }
-  if (mayRunHere && !job.device && claimIfIdle()) {
-    lock.unlock();
-    execute(job);
-    releaseCallingThread();
     return work;
   }
   insert(std::move(job));
@@ -81,7 +100,9 @@ bool CollectiveExecutor::runHereIfIdle(const CallDescription& call, std::chrono:
   }
   ++issued_;
   const CallPlace place = CallbackScope::placeNewCall();
-  Job job{nullptr, 0, place, title, timeout, signatureOf(call), std::move(body), nullptr, nullptr, record(call, title, {}, {})};
+  // Nested, the queued calls before it run first: its number is not known yet.
+  Job job{nullptr, 0, place, title, timeout, signatureOf(call), std::move(body), nullptr, nullptr,
+          record(call, title, {}, {}, nested ? 0 : nextSeqOfClaimer()), !nested};
   lock.unlock();
   if (nested) {
     drainThrough(place, nullptr);
@@ -100,11 +121,17 @@ bool CollectiveExecutor::runHereIfIdle(const CallDescription& call, std::chrono:
 }
 
 uint64_t CollectiveExecutor::record(const CallDescription& call, const char* title,
-                                    const std::vector<at::Tensor>& inputs, const std::vector<at::Tensor>& outputs) {
+                                    const std::vector<at::Tensor>& inputs, const std::vector<at::Tensor>& outputs,
+                                    uint64_t startedAs) {
   return recorder_->record(
       FlightRecorder::Call{title, false, call.dtype, call.root,
                            CallbackScope::currentOrigin() != CallSignature::kOriginCaller},
-      inputs, outputs);
+      inputs, outputs, startedAs);
+}
+
+uint64_t CollectiveExecutor::nextSeqOfClaimer() const {
+  // Only the thread that holds the executor (busy_) starts jobs, so the next is its.
+  return started_ + 1;
 }
 
 void CollectiveExecutor::insert(Job job) {
@@ -293,7 +320,9 @@ std::exception_ptr CollectiveExecutor::attempt(Job& job) {
   if (job.work) {
     job.work->start(job.seq);
   }
-  recorder_->started(job.recordId, job.seq);
+  if (!job.recordedStarted) {
+    recorder_->started(job.recordId, job.seq);
+  }
   try {
     if (failure_->failed()) {
       failure_->throwIfFailed(contextOf(job));

@@ -94,8 +94,10 @@ class CollectiveExecutor {
     std::shared_ptr<DeviceCall> device;
     // The device call's scope (its stream current), from enter() until the work is completed.
     std::shared_ptr<void> deviceScope;
-    // Its entry in the flight recorder.
+    // Its entry in the flight recorder, and whether that entry was written as started already
+    // (a call run at once by the thread that issued it).
     uint64_t recordId = 0;
+    bool recordedStarted = false;
   };
   // A job's failure: the error its work gets, and the text the group records and its peers are
   // told.
@@ -149,7 +151,9 @@ class CollectiveExecutor {
   JobFailure failureOf(std::exception_ptr raised, const std::string& note) const;
   // The flight recorder's entry of a call; 0 when it is off.
   uint64_t record(const CallDescription& call, const char* title, const std::vector<at::Tensor>& inputs,
-                  const std::vector<at::Tensor>& outputs);
+                  const std::vector<at::Tensor>& outputs, uint64_t startedAs);
+  // With mutex_ held, by the thread that claimed the executor: the number its next job runs as.
+  uint64_t nextSeqOfClaimer() const;
   // What an error says of a dump written to `path` (nothing when none was).
   static std::string traceNote(const std::string& path);
   // The text of a transport's failure, naming the absent ranks or both sides of a mismatch, and a

@@ -132,7 +132,7 @@ std::vector<std::vector<int64_t>> FlightRecorder::loadInline(const InlineShapes&
 }
 
 uint64_t FlightRecorder::record(const Call& call, const std::vector<at::Tensor>& inputs,
-                                const std::vector<at::Tensor>& outputs) {
+                                const std::vector<at::Tensor>& outputs, uint64_t startedAs) {
   if (!enabled()) {
     return 0;
   }
@@ -141,11 +141,12 @@ uint64_t FlightRecorder::record(const Call& call, const std::vector<at::Tensor>&
   Entry& entry = ring_[id % capacity_];
   const uint64_t version = acquire(entry);
   entry.id.store(id, std::memory_order_relaxed);
-  entry.seq.store(0, std::memory_order_relaxed);
+  const State state = startedAs != 0 ? State::kStarted : State::kScheduled;
+  entry.seq.store(startedAs, std::memory_order_relaxed);
   entry.title.store(call.profilingName, std::memory_order_relaxed);
-  entry.call.store(packCall(call), std::memory_order_relaxed);
+  entry.call.store(packCall(call) | static_cast<uint64_t>(state) << kStateShift, std::memory_order_relaxed);
   entry.created.store(now, std::memory_order_relaxed);
-  entry.started.store(0, std::memory_order_relaxed);
+  entry.started.store(startedAs != 0 ? now : 0, std::memory_order_relaxed);
   entry.completed.store(0, std::memory_order_relaxed);
   const bool fits = storeInline(inputs, entry.inputs) && storeInline(outputs, entry.outputs);
   if (!fits) {

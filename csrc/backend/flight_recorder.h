@@ -44,8 +44,10 @@ class FlightRecorder {
   bool enabled() const {
     return capacity_ != 0;
   }
-  // The record's id; 0 when off.
-  uint64_t record(const Call& call, const std::vector<at::Tensor>& inputs, const std::vector<at::Tensor>& outputs);
+  // The record's id; 0 when off. `startedAs` non-zero: the call starts now, as collective (or
+  // point-to-point call) number `startedAs`, so that one write of the entry does both.
+  uint64_t record(const Call& call, const std::vector<at::Tensor>& inputs, const std::vector<at::Tensor>& outputs,
+                  uint64_t startedAs = 0);
   // The record started as collective (or point-to-point call) number `seq`.
   void started(uint64_t id, uint64_t seq);
   // Completed, or failed with `error` (non-empty).

@@ -32,8 +32,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupTorus::postPointToPoint(c10d::OpType 
   const uint64_t recordId = recorder_->record(
       FlightRecorder::Call{title, true, tensor.scalar_type(), peer,
                            CallbackScope::currentOrigin() != CallSignature::kOriginCaller},
-      {tensor}, {tensor});
-  recorder_->started(recordId, number);
+      {tensor}, {tensor}, number);
   const uint64_t wireTag = p2pTag(tag);
   CommsEvent event; // a batch's is endCoalescing's
   if (!batched && event.active()) {
