@@ -39,10 +39,11 @@ def main() -> None:
     parser.add_argument("--calls", type=int, default=2000)
     parser.add_argument("--bytes", type=int, default=4096)
     parser.add_argument("--control", action="store_true", help="both groups without the recorder (an A/A run)")
+    parser.add_argument("--buffer", type=int, default=2000, help="the recording group's TORUS_TRACE_BUFFER")
     args = parser.parse_args()
     dist.init_process_group("torus")
     groups = {"on": dist.new_group(backend="torus",
-                                   pg_options=torch_torus.Options(trace_buffer=0 if args.control else 2000)),
+                                   pg_options=torch_torus.Options(trace_buffer=0 if args.control else args.buffer)),
               "off": dist.new_group(backend="torus", pg_options=torch_torus.Options(trace_buffer=0))}
     tensor = torch.ones(args.bytes // 4)
     for group in groups.values():  # warm-up: the ring goes round once
