@@ -14,7 +14,10 @@ earlier ones left. Prints, per size, the median over the repeats of the slowest 
 floor and creation (and the first creation's), the store operations per rank (fewest-most) and
 the store's requests per second during creation:
 
-    python benchmarks/creation_at_scale.py --ranks 256 1024 4096 --processes 8
+    python benchmarks/creation_at_scale.py --ranks 256 1024 4096 --processes 32
+
+--timeline adds, per size, the last creation operation by operation (when each kind of store
+operation started and ended on every rank): where the time goes.
 
 tests/test_store_traffic.py checks that a real 8-rank creation issues the operations this
 simulation issues.
@@ -27,6 +30,7 @@ import datetime
 import gc
 import json
 import multiprocessing
+import re
 import socket
 import threading
 import time
@@ -44,52 +48,53 @@ _BACKLOG, _CONNECTING = 4096, 32
 
 
 class CountingStore(dist.Store):
-    """Forwards every operation to `store` and records it as (operation, key or key count)."""
+    """Forwards every operation to `store` and records it as (operation, key or key count), with
+    when it started and ended (time.monotonic(), the same clock in every process)."""
 
     def __init__(self, store: dist.Store):
         super().__init__()
         self.store = store
         self.ops: list[tuple[str, str]] = []
+        self.spans: list[tuple[float, float]] = []
+
+    def _count(self, op: str, shown: str, run):
+        start = time.monotonic()
+        self.ops.append((op, shown))
+        try:
+            return run()
+        finally:
+            self.spans.append((start, time.monotonic()))
 
     def set(self, key, value):
-        self.ops.append(("set", key))
-        self.store.set(key, value)
+        return self._count("set", key, lambda: self.store.set(key, value))
 
     def get(self, key):
-        self.ops.append(("get", key))
-        return self.store.get(key)
+        return self._count("get", key, lambda: self.store.get(key))
 
     def add(self, key, amount):
-        self.ops.append(("add", key))
-        return self.store.add(key, amount)
+        return self._count("add", key, lambda: self.store.add(key, amount))
 
     def check(self, keys):
-        self.ops.append(("check", ",".join(keys)))
-        return self.store.check(keys)
+        return self._count("check", ",".join(keys), lambda: self.store.check(keys))
 
     def wait(self, keys, timeout=None):
-        self.ops.append(("wait", ",".join(keys)))
-        return self.store.wait(keys) if timeout is None else self.store.wait(keys, timeout)
+        return self._count("wait", ",".join(keys),
+                           lambda: self.store.wait(keys) if timeout is None else self.store.wait(keys, timeout))
 
     def compare_set(self, key, expected, desired):
-        self.ops.append(("compare_set", key))
-        return self.store.compare_set(key, expected, desired)
+        return self._count("compare_set", key, lambda: self.store.compare_set(key, expected, desired))
 
     def multi_get(self, keys):
-        self.ops.append(("multi_get", f"{len(keys)} keys"))
-        return self.store.multi_get(keys)
+        return self._count("multi_get", f"{len(keys)} keys", lambda: self.store.multi_get(keys))
 
     def multi_set(self, keys, values):
-        self.ops.append(("multi_set", f"{len(keys)} keys"))
-        return self.store.multi_set(keys, values)
+        return self._count("multi_set", f"{len(keys)} keys", lambda: self.store.multi_set(keys, values))
 
     def delete_key(self, key):
-        self.ops.append(("delete_key", key))
-        return self.store.delete_key(key)
+        return self._count("delete_key", key, lambda: self.store.delete_key(key))
 
     def num_keys(self):
-        self.ops.append(("num_keys", ""))
-        return self.store.num_keys()
+        return self._count("num_keys", "", lambda: self.store.num_keys())
 
 
 def create(store: dist.Store, rank: int, size: int, values: dict, timeout: float = TIMEOUT_S) -> dist.Store:
@@ -149,8 +154,37 @@ def _simulated_rank(rank: int, size: int, port: int, connecting: threading.Semap
             for peer in ((rank - 1) % size, (rank + 1) % size):
                 look_up(group, peer)
             out[(rank, phase + " and lookups")] = (time.perf_counter() - start, len(counting.ops))
+            out[(rank, "timeline")] = [(op, _key_kind(key), *span) for (op, key), span in zip(counting.ops, counting.spans)]
     except Exception as error:  # reported by the parent, naming the rank
         errors.append(f"rank {rank}: {type(error).__name__}: {error}")
+
+
+def _key_kind(keys: str) -> str:
+    """Keys (comma-separated) with their numbers and the group's epoch left out: what kind of
+    keys they are, and how many."""
+    every = keys.split(",")
+    kinds = sorted({re.sub(r"\d+", "N", re.sub(r"\d+-[0-9a-f]{16}", "EPOCH", key)) for key in every})
+    return ", ".join(kinds) + (f" ({len(every)} keys)" if len(every) > 1 else "")
+
+
+def timeline(out: dict, size: int) -> list[str]:
+    """The last creation, with its lookups, as every rank's operations of each kind saw it: how
+    many, when they started and ended (seconds after the first rank's first operation), and how
+    long one took (median). Where the time goes at scale."""
+    spans: dict[tuple[str, str], list[tuple[float, float]]] = {}
+    for rank in range(size):
+        for op, kind, start, end in out[(rank, "timeline")]:
+            spans.setdefault((op, kind), []).append((start, end))
+    zero = min(start for kinds in spans.values() for start, _ in kinds)
+    lines = ["| operation | key | count | started (first-last) | ended (first, median, last) | one takes (median) |",
+             "|---|---|---:|---|---|---:|"]
+    for (op, kind), kinds in sorted(spans.items(), key=lambda item: min(start for start, _ in item[1])):
+        starts = sorted(start - zero for start, _ in kinds)
+        ends = sorted(end - zero for _, end in kinds)
+        took = _median([end - start for start, end in kinds])
+        lines.append(f"| {op} | {kind} | {len(kinds):,} | {starts[0]:.3f}-{starts[-1]:.3f} s | "
+                     f"{ends[0]:.3f}, {_median(ends):.3f}, {ends[-1]:.3f} s | {took * 1e3:.1f} ms |")
+    return lines
 
 
 def _process(index: int, processes: int, size: int, repeats: int, port: int, results) -> None:
@@ -205,7 +239,7 @@ def simulate(size: int, processes: int, repeats: int) -> dict:
         worker.join()
     if errors:
         raise RuntimeError(f"{len(errors)} simulated ranks failed, e.g. " + "; ".join(errors[:3]))
-    row = {"ranks": size, "processes": processes}
+    row = {"ranks": size, "processes": processes, "timeline": timeline(out, size)}
     for phase in phases(repeats) + [f"creation {i} and lookups" for i in range(1, repeats + 1)]:
         times = [out[(r, phase)][0] for r in range(size)]
         ops = [out[(r, phase)][1] for r in range(size)]
@@ -224,6 +258,8 @@ def main() -> None:
     parser.add_argument("--processes", type=int, default=8)
     parser.add_argument("--repeats", type=int, default=5, help="floor and creation, in turn, this many times")
     parser.add_argument("--json", help="also write the rows here")
+    parser.add_argument("--timeline", action="store_true",
+                        help="after the table, each size's last creation operation by operation")
     args = parser.parse_args()
     rows = []
     print("| ranks | floor (slowest rank) | creation | ÷ floor | first creation | with the first collective's 2 "
@@ -242,6 +278,10 @@ def main() -> None:
               f"{min(c['ops_min'] for c in created)}-{max(c['ops_max'] for c in created)}; "
               f"{min(c['ops_min'] for c in looked)}-{max(c['ops_max'] for c in looked)} | "
               f"{_median([c['requests_per_s'] for c in created]):,.0f} |", flush=True)
+    if args.timeline:
+        for row in rows:
+            print(f"\n{row['ranks']:,} ranks, the last creation and its lookups:")
+            print("\n".join(row["timeline"]))
     if args.json:
         with open(args.json, "w") as f:
             json.dump(rows, f, indent=1)
