@@ -102,6 +102,7 @@ def _case_dump_on_request(ctx, buffer):
     dist.all_reduce(t, group=group)
     parts = [torch.empty(7, dtype=torch.float64) for _ in range(ctx.world_size)]
     dist.all_gather(parts, torch.ones(7, dtype=torch.float64), group=group)
+    dist.all_reduce(torch.ones(1, 2, 1, 2, 3), group=group)  # more dimensions than an entry holds inline
     work = dist.all_reduce(torch.ones(2), group=group, async_op=True)
     work.get_future().then(lambda _: dist.broadcast(torch.ones(6), src=0, group=group)).wait()
     if ctx.rank == 0:
@@ -116,7 +117,8 @@ def _case_dump_on_request(ctx, buffer):
     problems = []
     # dtypes as torch's flight recorder names them (c10::toString)
     want = [("torus:all_reduce", [[3, 5]], "Float", "caller"), ("torus:all_gather", [[7]], "Double", "caller"),
-            ("torus:all_reduce", [[2]], "Float", "caller"), ("torus:broadcast", [[6]], "Float", "callback"),
+            ("torus:all_reduce", [[1, 2, 1, 2, 3]], "Float", "caller"), ("torus:all_reduce", [[2]], "Float", "caller"),
+            ("torus:broadcast", [[6]], "Float", "callback"),
             ("torus:send" if ctx.rank == 0 else "torus:recv", [[9]], "Int", "caller")]
     got = [(e["profiling_name"], e["input_sizes"], e["input_dtypes"][0], e["issued_by"]) for e in entries]
     if len(got) != len(want) or any(not g[0].startswith(w[0]) or g[1:] != w[1:] for g, w in zip(got, want)):

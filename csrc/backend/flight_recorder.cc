@@ -4,6 +4,7 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <limits>
 #include <sstream>
 #include <thread>
 
@@ -111,7 +112,10 @@ bool FlightRecorder::storeInline(const std::vector<at::Tensor>& tensors, InlineS
     }
     ranks |= static_cast<uint64_t>(sizes.size()) << (4 * i);
     for (const int64_t s : sizes) {
-      into.dims[d++].store(s, std::memory_order_relaxed);
+      if (s > std::numeric_limits<int32_t>::max()) {
+        return false;
+      }
+      into.dims[d++].store(static_cast<int32_t>(s), std::memory_order_relaxed);
     }
   }
   into.layout.store(tensors.size() | ranks << 8, std::memory_order_relaxed);

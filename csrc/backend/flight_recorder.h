@@ -67,14 +67,13 @@ class FlightRecorder {
  private:
   enum class State : uint8_t { kScheduled, kStarted, kCompleted, kFailed };
   // One side's shapes: how many tensors, each one's number of dimensions (4 bits each) and the
-  // dimensions back to back; `spilled`: kept in Spill instead.
+  // dimensions back to back, 32 bits each (a larger one spills); `spilled`: kept in Spill instead.
   struct InlineShapes {
     std::atomic<uint64_t> layout{0}; // count | ranks << 8 | spilled << 40
-    std::array<std::atomic<int64_t>, kInlineDims> dims{};
+    std::array<std::atomic<int32_t>, kInlineDims> dims{};
   };
   // Every field is atomic (read relaxed under the version), so that the dump may copy an entry
-  // while a writer changes it. A call of one tensor a side touches the entry's first two cache
-  // lines only.
+  // while a writer changes it. Two cache lines: the ring of 2000 entries is 256 KiB.
   struct alignas(64) Entry {
     std::atomic<uint64_t> version{0};
     std::atomic<uint64_t> id{0};
@@ -88,6 +87,7 @@ class FlightRecorder {
     InlineShapes inputs;
     InlineShapes outputs;
   };
+  static_assert(sizeof(Entry) == 128, "an entry is two cache lines");
   // A plain copy of an entry, for the dump.
   struct Snapshot {
     uint64_t id;
