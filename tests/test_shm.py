@@ -261,3 +261,59 @@ def _case_torus_rows_on_shared_memory(ctx, ranks_per_host, dims):
 ])
 def test_torus_rows_on_shared_memory(world_size, ranks_per_host, dims):
     harness.check("torus+tcp", world_size, _case_torus_rows_on_shared_memory, ranks_per_host, dims, timeout=180)
+
+
+def _huge_page_kib(address: int) -> int:
+    """AnonHugePages (KiB) of this process's mapping that holds `address`."""
+    inside = False
+    with open("/proc/self/smaps") as smaps:
+        for line in smaps:
+            head = line.split()[0]
+            if not head.endswith(":"):
+                low, high = (int(x, 16) for x in head.split("-"))
+                inside = low <= address < high
+            elif inside and head == "AnonHugePages:":
+                return int(line.split()[1])
+    raise AssertionError(f"no mapping holds {address:#x}")
+
+
+def _kernel_collapses() -> bool:
+    """Whether this kernel moves memory onto huge pages on request (madvise MADV_COLLAPSE)."""
+    import ctypes
+    import mmap
+
+    region = mmap.mmap(-1, 4 << 20, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)  # like a tensor's memory
+    region.write(b"x" * len(region))
+    address = ctypes.addressof(ctypes.c_char.from_buffer(region))
+    begin = (address + (2 << 20) - 1) & ~((2 << 20) - 1)  # one whole huge page inside
+    return ctypes.CDLL(None).madvise(ctypes.c_void_p(begin), ctypes.c_size_t(2 << 20), 25) == 0
+
+
+def _case_reused_buffer_on_huge_pages(ctx):
+    import torch_torus
+
+    group = ctx.new_group(list(range(ctx.world_size)), pg_options=torch_torus.Options(allreduce="two_shot"))
+    t = torch.full((3 << 20,), float(ctx.rank + 1))  # 12 MiB: at least 4 whole huge pages inside
+    before = _huge_page_kib(t.data_ptr())
+    problems = []
+    dist.all_reduce(t, group=group)
+    if _huge_page_kib(t.data_ptr()) != before:
+        problems.append("a buffer posted once was moved onto huge pages")
+    dist.all_reduce(t, group=group)
+    dist.all_reduce(t, group=group)
+    after = _huge_page_kib(t.data_ptr())
+    if after - before < 8 << 10:
+        problems.append(f"a buffer posted three times has {after} KiB on huge pages, {before} before")
+    n = ctx.world_size
+    if not t.eq(n * n * n * (n + 1) / 2).all():
+        problems.append(f"wrong sums {t[:4].tolist()}, {t[-4:].tolist()}")
+    dist.destroy_process_group(group)
+    return problems
+
+
+def test_a_buffer_posted_again_is_moved_onto_huge_pages():
+    """Peers pin every page of a buffer they copy from or into; on 2 MiB pages that costs far less
+    (HugePageBacking). A buffer is moved the second time it is posted, one posted once is not."""
+    if not _kernel_collapses():
+        pytest.skip("this kernel does not move memory onto huge pages on request (MADV_COLLAPSE, Linux >= 6.1)")
+    harness.check(SHM, 3, _case_reused_buffer_on_huge_pages)

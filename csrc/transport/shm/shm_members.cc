@@ -52,6 +52,7 @@ class ShmTransport::Members : public SharedMemory {
   }
 
   void post(const Posting& posting) override {
+    shm_.prepareForPeers(posting.address, posting.nbytes);
     for (size_t i = 0; i < members_.size(); ++i) {
       if (i != self_) {
         shm_.post(members_[i], pairEpochs_[i], posting);

@@ -41,6 +41,7 @@
 #include "transport/message_transport.h"
 #include "transport/rendezvous.h"
 #include "transport/shared_memory.h"
+#include "transport/shm/huge_page_backing.h"
 
 namespace torus {
 
@@ -105,6 +106,10 @@ class ShmTransport : public MessageTransport {
   void releaseSlot(int rank, uint64_t ownEpoch);
   // Writes `posting` into the cell this rank keeps for `peer`, as their collective `pairEpoch`.
   void post(int peer, uint64_t pairEpoch, const SharedMemory::Posting& posting);
+  // Before this rank posts its buffer for peers to copy from and into (HugePageBacking).
+  void prepareForPeers(uint64_t address, size_t nbytes) {
+    hugePages_.prepare(address, nbytes);
+  }
   SharedMemory::Posting waitPosted(int peer, uint64_t pairEpoch, const SharedMemory::Posting& mine,
                                    Deadline deadline);
   void readPeer(int peer, uint64_t address, void* dst, size_t nbytes);
@@ -121,6 +126,7 @@ class ShmTransport : public MessageTransport {
   // Indexed by rank, each entry touched only by the thread that runs collectives with that peer.
   std::vector<uint64_t> epochsWith_;
   std::vector<uint64_t> deliveriesAwaited_;
+  HugePageBacking hugePages_;
   std::atomic<uint64_t> ownEpoch_{0};
   // Releases each slot is owed by the peers that read it, ever; claims are serialized.
   std::mutex slotMutex_;
