@@ -9,6 +9,7 @@ import json
 import os
 import socket
 import threading
+import time
 from types import SimpleNamespace
 
 import psutil
@@ -24,7 +25,7 @@ from torch_torus.launch import (MpiLaunch, MpiLaunchError, SlurmLaunch, SlurmLau
                                 init_env_from_launcher, init_env_from_mpi, init_env_from_slurm,
                                 mpi_launch_from_env, slurm_launch_from_env)
 from torch_torus.network import local_address
-from torch_torus.topology import (FAILED, Meeting, agree, describe_failures, failures_of, meeting_of,
+from torch_torus.topology import (FAILED, RANK0_ARRIVAL, Meeting, agree, describe_failures, failures_of, meeting_of,
                                   meeting_record, rendezvous_environ)
 
 # What each mpiexec sets for the second of four ranks on one host (seen with MPICH 5.0.2's
@@ -412,6 +413,29 @@ def test_a_rank_that_cannot_join_is_named_on_every_rank():
     alone = _meet_in_threads(dist.HashStore(), {0: FAILED + "no such interface", 1: "{}"}, 2)
     for rank in (0, 1):
         assert describe_failures(alone[rank]["failed"]) == "rank 0 cannot create the group: no such interface"
+
+
+def test_a_record_naming_no_rank_does_not_hide_who_is_missing():
+    """Records come from the network: when ranks are missing at the timeout, a record under an
+    arrival number whose first line names no rank counts as nobody's, and rank 0 still names every
+    rank that did not join."""
+    store = dist.HashStore()
+    outcome = []
+    def rank_0():
+        try:
+            outcome.append(agree(store, 0, 3, "{}", None, 2))
+        except TimeoutError as error:
+            outcome.append(error)
+
+    rank0 = threading.Thread(target=rank_0)
+    rank0.start()
+    deadline = time.monotonic() + 10
+    while store.add("torus/epoch/arrivals", 0) < RANK0_ARRIVAL and time.monotonic() < deadline:
+        time.sleep(0.01)
+    number = store.add("torus/epoch/arrivals", 1) % RANK0_ARRIVAL
+    store.set(f"torus/epoch/1/arrival/{number}", "not a rank\n{}")
+    rank0.join(timeout=30)
+    assert isinstance(outcome[0], TimeoutError) and "ranks [1, 2] did not join" in str(outcome[0]), outcome
 
 
 def test_a_record_rank_0_cannot_read_fails_every_rank_at_once():

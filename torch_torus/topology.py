@@ -189,6 +189,7 @@ def agree(store, rank: int, size: int, record: str, decide, timeout: float, deta
     try:
         wait_for_keys(store, keys, deadline)
     except TimeoutError:
+        # A record whose first line is no rank (None) came from no rank that belongs.
         joined = {_rank_of(bytes(store.get(key)).decode("utf-8", "replace")) for key in keys if store.check([key])}
         missing = sorted(set(range(1, size)) - joined)
         raise TimeoutError(f"ranks {missing} did not join within {timeout:g} s") from None
@@ -196,10 +197,11 @@ def agree(store, rank: int, size: int, record: str, decide, timeout: float, deta
         records, number_of = [record] + [""] * (size - 1), {}
         for number, value in zip(numbers, store.multi_get(keys)):
             text = bytes(value).decode("utf-8", "replace")
-            joiner = _rank_of(text)
-            if not 0 < joiner < size or joiner in number_of:
-                raise ValueError(f"rank {joiner} joined the group of {size} ranks twice, or does not belong to it")
-            records[joiner], number_of[joiner] = text.partition("\n")[2], number
+            joiner, (named, _, body) = _rank_of(text), text.partition("\n")
+            if joiner is None or not 0 < joiner < size or joiner in number_of:
+                raise ValueError(f"the record of arrival {number} names rank {named!r}, which joined the group of "
+                                 f"{size} ranks twice or does not belong to it")
+            records[joiner], number_of[joiner] = body, number
 
         def details(ranks: list[int]) -> list[str]:
             theirs = [r for r in ranks if r != 0]
@@ -215,9 +217,11 @@ def agree(store, rank: int, size: int, record: str, decide, timeout: float, deta
     return result
 
 
-def _rank_of(arrival: str) -> int:
-    """The rank a record set under an arrival number says it comes from (its first line)."""
-    return int(arrival.partition("\n")[0])
+def _rank_of(arrival: str) -> int | None:
+    """The rank a record set under an arrival number says it comes from (its first line); None
+    when that line is not a rank (records come from the network)."""
+    first = arrival.partition("\n")[0]
+    return int(first) if first.isascii() and first.isdigit() else None
 
 
 def _join(store, rank: int, size: int, record: str, detail: str, deadline: float) -> dict | None:
