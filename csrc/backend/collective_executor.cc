@@ -40,9 +40,6 @@ c10::intrusive_ptr<c10d::Work> CollectiveExecutor::enqueue(const CallDescription
                                                            std::chrono::milliseconds timeout, Body body,
                                                            std::shared_ptr<DeviceCall> device, bool mayRunHere) {
   const char* title = call.title();
-  const bool mayClaim = mayRunHere && !device;
-  // A call that may run here is recorded once it is known whether it does: as started then.
-  uint64_t recordId = mayClaim ? 0 : record(call, title, inputs, outputs, 0);
   const auto makeWork = [&] {
     return c10::make_intrusive<TorusWork>(rank_, call.type, title, std::move(outputs), std::move(inputs), label_,
                                           arrivals_, device, watch_);
@@ -52,10 +49,12 @@ c10::intrusive_ptr<c10d::Work> CollectiveExecutor::enqueue(const CallDescription
   ++issued_;
   const bool nested = CallbackScope::inCallbacksOf(this);
   const CallPlace place = CallbackScope::placeNewCall();
-  if (mayClaim && !nested && claimIfIdle()) {
+  // A call that runs here at once is recorded as started; one that waits, as queued.
+  if (mayRunHere && !device && !nested && claimIfIdle()) {
     const uint64_t seq = nextSeqOfClaimer();
     lock.unlock();
     c10::intrusive_ptr<TorusWork> work;
+    uint64_t recordId = 0;
     try {
       recordId = record(call, title, inputs, outputs, seq);
       work = makeWork();
@@ -68,9 +67,7 @@ c10::intrusive_ptr<c10d::Work> CollectiveExecutor::enqueue(const CallDescription
     releaseCallingThread();
     return work;
   }
-  if (mayClaim) {
-    recordId = record(call, title, inputs, outputs, 0);
-  }
+  const uint64_t recordId = record(call, title, inputs, outputs, 0);
   auto work = makeWork();
   Job job{work, 0, place, title, timeout, signatureOf(call), std::move(body), std::move(device), nullptr, recordId};
   if (nested) {

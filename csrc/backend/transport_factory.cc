@@ -38,8 +38,7 @@ class StoreRendezvous : public Rendezvous {
     }
     // TCPStore's get would wait for the key again (a second round trip). compareSet with the
     // same expected and desired value changes nothing and returns the value: one round trip.
-    const std::string readOnly(1, '\0');
-    const std::vector<uint8_t> same(readOnly.begin(), readOnly.end());
+    const std::vector<uint8_t> same{0};
     auto value = store_->compareSet(key, same, same);
     return std::string(value.begin(), value.end());
   }
