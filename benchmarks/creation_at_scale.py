@@ -1,10 +1,10 @@
 """Group creation's store traffic at scale, simulated: `--ranks` ranks as threads spread over
 `--processes` processes, each thread with its own client of one real TCPStore, run the store
 protocol of a torus group's creation by calling torch_torus's own functions (torch_torus.meet:
-the one round in which the ranks agree on the epoch, meet and compare settings; publish_secret),
-then the C++ side's operations: publishing this rank's TCP address, and, for the first
-collective, looking up its two ring neighbours' as the transport's PublishedLookups does (a wait
-for the key, then a get). Nothing else of a group is created: no socket, no thread.
+the one round in which the ranks agree on the epoch, meet and compare settings, and rank 0
+publishes every rank's TCP address; publish_secret), then, for the first collective, looking up
+its two ring neighbours' addresses as the C++ transport's PublishedLookups does (a wait for
+the key, then a read). Nothing else of a group is created: no socket, no thread.
 
 Beside it, the floor on the same store: an `add` counter and one `wait` for "every rank has
 arrived". Each phase starts on every rank at once after a store barrier; a rank times its own.
@@ -98,21 +98,20 @@ class CountingStore(dist.Store):
 
 
 def create(store: dist.Store, rank: int, size: int, values: dict, timeout: float = TIMEOUT_S) -> dist.Store:
-    """The store operations of creating a torus group on one rank (one rank per host, over TCP),
-    in the order torch_torus._create_backend and the C++ transport issue them; returns the
-    group's own store (under its epoch)."""
+    """The store operations of creating a torus group on one rank (one rank per host, over TCP,
+    its listener opened before the ranks meet), in the order torch_torus._create_backend and the
+    C++ transport issue them; returns the group's own store (under its epoch)."""
     address = f"10.{rank >> 16 & 255}.{rank >> 8 & 255}.{rank & 255}"
-    result = meet(store, rank, size, values, f"host{rank}", address, None, timeout, "simulated")
+    result = meet(store, rank, size, values, f"host{rank}", address, None, timeout, "simulated", f"{address}:29500")
     group = dist.PrefixStore(f"torus/{result['epoch']}", store)
     if rank == 0:
         publish_secret(group, bytes.fromhex(result["secret"]))
-    group.set(f"tcp/{rank}", f"{address}:29500")  # TcpTransport's constructor
     return group
 
 
 def look_up(group: dist.Store, peer: int, timeout: float = TIMEOUT_S) -> str:
-    """A peer's address, looked up as the transport's PublishedLookups does (rendezvous.cc):
-    a wait for its key, then a read of it (topology.read_key)."""
+    """A peer's address, looked up as the transport's PublishedLookups does (StoreRendezvous in
+    transport_factory.cc): a wait for its key, then a read of it (topology.read_key)."""
     return wait_for_key(group, f"tcp/{peer}", time.monotonic() + timeout, read=True)
 
 

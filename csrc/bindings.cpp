@@ -78,6 +78,9 @@ PYBIND11_MODULE(_C, module) {
       .def_readonly("lo", &torus::AlgorithmRule::lo)
       .def_readonly("hi", &torus::AlgorithmRule::hi);
 
+  py::class_<torus::TcpListener, std::shared_ptr<torus::TcpListener>>(module, "TcpListener")
+      .def(py::init<const std::string&, int>(), py::arg("address"), py::arg("backlog"))
+      .def_property_readonly("address", &torus::TcpListener::address);
   py::class_<torus::TorusConfig>(module, "TorusConfig")
       .def(py::init<>())
       .def_readwrite("transport", &torus::TorusConfig::transport)
@@ -97,6 +100,7 @@ PYBIND11_MODULE(_C, module) {
       .def_readwrite("host_device", &torus::TorusConfig::hostDevice)
       .def_readwrite("trace_buffer", &torus::TorusConfig::traceBuffer)
       .def_readwrite("trace_dir", &torus::TorusConfig::traceDir)
+      .def_readwrite("tcp_listener", &torus::TorusConfig::tcpListener)
       // Bytes, not text: the getter hands back what the setter took.
       .def_property(
           "secret", [](const torus::TorusConfig& config) { return py::bytes(config.secret); },

@@ -25,7 +25,7 @@ from torch_torus.launch import (MpiLaunch, MpiLaunchError, SlurmLaunch, SlurmLau
                                 init_env_from_launcher, init_env_from_mpi, init_env_from_slurm,
                                 mpi_launch_from_env, slurm_launch_from_env)
 from torch_torus.network import local_address
-from torch_torus.topology import (FAILED, RANK0_ARRIVAL, Meeting, agree, describe_failures, failures_of, meeting_of,
+from torch_torus.topology import (FAILED, Meeting, agree, describe_failures, failures_of, meeting_of,
                                   meeting_record, rendezvous_environ)
 
 # What each mpiexec sets for the second of four ranks on one host (seen with MPICH 5.0.2's
@@ -360,18 +360,20 @@ def _meet_in_threads(store, records: dict[int, str], size: int, decide=None) -> 
 
 def test_ranks_meet_through_one_key_each():
     """Rank 0 reads every rank's record in one read and publishes one answer; each other rank
-    reads only that."""
+    claims its place with one write and reads only that answer."""
     store = dist.HashStore()
-    reads = []
+    reads, writes = [], []
 
     class CountingStore(dist.Store):
         def set(self, key, value):
+            writes.append(key)
             store.set(key, value)
 
         def add(self, key, amount):
             return store.add(key, amount)
 
         def multi_set(self, keys, values):
+            writes.extend(keys)
             store.multi_set(keys, values)
 
         def wait(self, keys, timeout):
@@ -382,12 +384,12 @@ def test_ranks_meet_through_one_key_each():
             return store.get(key)
 
         def compare_set(self, key, expected, desired):
-            reads.append(key)
+            (reads if expected == desired else writes).append(key)
             return store.compare_set(key, expected, desired)
 
     seen = []
 
-    def decide(records, details):
+    def decide(records, details, epoch):
         seen.append(records)
         return {"answer": 42}
 
@@ -400,11 +402,37 @@ def test_ranks_meet_through_one_key_each():
     assert all(r["answer"] == 42 for r in [*results.values(), seen[1]]), (results, seen)
     assert len({r["epoch"] for r in [*results.values(), seen[1]]}) == 1
     assert len(reads) == 1 and reads[0].endswith("/result"), reads
+    # Its claim, or, when it came before rank 0, a wait for it and then its claim.
+    assert [w.rsplit("/", 1)[-1] for w in writes] == ["3"] and writes[0].endswith("/rank/3"), writes
+
+
+def test_settings_that_differ_are_read_in_a_second_step_only_from_the_ranks_asked():
+    """Rank 0 reads no rank's details unless it asks (their settings differ); then the ranks it
+    asks send them, and every rank returns the verdict, the same everywhere."""
+    def decide(records, details, epoch):
+        return {"details": details([0, 2]) if len(set(records)) > 1 else None}
+
+    same = _meet_in_threads(dist.HashStore(), {r: "{}" for r in range(3)}, 3, decide)
+    assert all(result["details"] is None for result in same.values()), same
+
+    store = dist.HashStore()
+    results = {}
+
+    def rank_main(rank):
+        results[rank] = agree(store, rank, 3, "{}" if rank != 2 else "{...}", decide, 10, detail=f"d{rank}")
+
+    threads = [threading.Thread(target=rank_main, args=(r,)) for r in range(3)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=30)
+    assert [results[r]["details"] for r in range(3)] == [["d0", "d2"]] * 3, results
+    assert not store.check(["torus/epoch/1/detail/1"]), "rank 1 was not asked"
 
 
 def test_a_rank_that_cannot_join_is_named_on_every_rank():
     failing = {0: json.dumps({}), 1: json.dumps({}), 2: FAILED + "TORUS_CHUNK_BYTES='x' is not a size"}
-    results = _meet_in_threads(dist.HashStore(), failing, 3, lambda records, details: {"failed": failures_of(records)})
+    results = _meet_in_threads(dist.HashStore(), failing, 3, lambda records, details, epoch: {"failed": failures_of(records)})
     assert results[2] is None  # it raises its own error at once
     for rank in (0, 1):
         assert describe_failures(results[rank]["failed"]) == \
@@ -415,34 +443,56 @@ def test_a_rank_that_cannot_join_is_named_on_every_rank():
         assert describe_failures(alone[rank]["failed"]) == "rank 0 cannot create the group: no such interface"
 
 
-def test_a_record_naming_no_rank_does_not_hide_who_is_missing():
-    """Records come from the network: when ranks are missing at the timeout, a record under an
-    arrival number whose first line names no rank counts as nobody's, and rank 0 still names every
-    rank that did not join."""
+def test_a_rank_whose_place_is_taken_waits_for_the_next_rank_0():
+    """A second process running as rank 1 finds rank 1's place taken: it never joins the group
+    the first one joined, and its timeout says whose place was taken. A rank that comes after a
+    group closed joins the next rank 0's group, under an epoch of its own."""
     store = dist.HashStore()
-    outcome = []
-    def rank_0():
-        try:
-            outcome.append(agree(store, 0, 3, "{}", None, 2))
-        except TimeoutError as error:
-            outcome.append(error)
+    nothing = lambda records, details, epoch: {}  # noqa: E731
+    outcome: dict = {}
 
-    rank0 = threading.Thread(target=rank_0)
-    rank0.start()
+    def run(name, rank, timeout):
+        outcome[name] = _agree_or_error(store, rank, 3, timeout, nothing)
+
+    threads = [threading.Thread(target=run, args=("rank 0", 0, 20)), threading.Thread(target=run, args=("rank 1", 1, 20))]
+    for thread in threads:
+        thread.start()
     deadline = time.monotonic() + 10
-    while store.add("torus/epoch/arrivals", 0) < RANK0_ARRIVAL and time.monotonic() < deadline:
+    while not store.check(["torus/epoch/1/rank/1"]) and time.monotonic() < deadline:
         time.sleep(0.01)
-    number = store.add("torus/epoch/arrivals", 1) % RANK0_ARRIVAL
-    store.set(f"torus/epoch/1/arrival/{number}", "not a rank\n{}")
-    rank0.join(timeout=30)
-    assert isinstance(outcome[0], TimeoutError) and "ranks [1, 2] did not join" in str(outcome[0]), outcome
+    run("second rank 1", 1, 1)
+    run("rank 2", 2, 20)
+    for thread in threads:
+        thread.join(timeout=30)
+    assert isinstance(outcome["second rank 1"], TimeoutError), outcome
+    assert "another process holds rank 1's place" in str(outcome["second rank 1"]), outcome
+    first = {outcome[name]["epoch"] for name in ("rank 0", "rank 1", "rank 2")}
+    assert len(first) == 1, outcome
+
+    late = threading.Thread(target=run, args=("late rank 1", 1, 20))
+    late.start()
+    time.sleep(0.2)
+    threads = [threading.Thread(target=run, args=(f"next rank {r}", r, 20)) for r in (0, 2)]
+    for thread in threads:
+        thread.start()
+    for thread in [late, *threads]:
+        thread.join(timeout=30)
+    second = {outcome[name]["epoch"] for name in ("late rank 1", "next rank 0", "next rank 2")}
+    assert len(second) == 1 and second != first, outcome
+
+
+def _agree_or_error(store, rank, size, timeout, decide=None):
+    try:
+        return agree(store, rank, size, "{}", decide, timeout)
+    except TimeoutError as error:
+        return error
 
 
 def test_a_record_rank_0_cannot_read_fails_every_rank_at_once():
     """Records come from the network: one rank 0 cannot parse fails the group on every rank at
     once, naming the error, rather than leaving the others to their timeout."""
     results = _meet_in_threads(dist.HashStore(), {0: "{}", 1: "{", 2: "{}"}, 3,
-                               lambda records, details: {"hosts": [json.loads(r) for r in records]})
+                               lambda records, details, epoch: {"hosts": [json.loads(r) for r in records]})
     assert isinstance(results[0], json.JSONDecodeError), results
     for rank in (1, 2):
         assert describe_failures(results[rank]["failed"]).startswith(

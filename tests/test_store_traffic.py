@@ -54,7 +54,8 @@ def _case_real_creation(ctx):
 
 
 class _Ordered(CountingStore):
-    """A simulated rank's store that tells `arrived` once it has added itself to the arrivals."""
+    """A simulated rank's store that tells `arrived` once it has read (or, rank 0, added to) the
+    counter of generations."""
 
     def __init__(self, store, arrived: threading.Semaphore):
         super().__init__(store)
@@ -62,7 +63,7 @@ class _Ordered(CountingStore):
 
     def add(self, key, amount):
         value = super().add(key, amount)
-        if key.endswith("torus/epoch/arrivals"):
+        if key.endswith("torus/epoch/generations"):
             self.arrived.release()
         return value
 
@@ -128,7 +129,7 @@ def _agree(store_port: int, size: int, skip: frozenset = frozenset()) -> list:
         client = dist.TCPStore("127.0.0.1", store_port, is_master=False, wait_for_workers=False,
                                timeout=datetime.timedelta(seconds=30))
         try:
-            epochs[rank] = agree(client, rank, size, "{}", lambda records, details: {}, 3 if skip else 30)["epoch"]
+            epochs[rank] = agree(client, rank, size, "{}", lambda records, details, epoch: {}, 3 if skip else 30)["epoch"]
         except TimeoutError as error:
             epochs[rank] = error
 
@@ -164,11 +165,11 @@ def test_no_epoch_is_taken_from_an_earlier_group():
     # An attempt killed after two ranks joined a generation whose rank 0 then died.
     from torch_torus.topology import RANK0_ARRIVAL
 
-    generation = server.add("torus/epoch/arrivals", RANK0_ARRIVAL) // RANK0_ARRIVAL
+    generation = server.add("torus/epoch/generations", RANK0_ARRIVAL) // RANK0_ARRIVAL
     for rank in (1, 3):
-        number = server.add("torus/epoch/arrivals", 1) % RANK0_ARRIVAL
-        server.set(f"torus/epoch/{generation}/arrival/{number}", f"{rank}\n{{}}")
+        server.set(f"torus/epoch/{generation}/rank/{rank}", "dead\n{}")
     fresh_group()
-    # An attempt killed before its rank 0 arrived, one rank waiting for it.
-    server.add("torus/epoch/arrivals", 1)
+    # A rank 0 killed as it arrived, before any rank joined it: the next group's ranks that read
+    # its generation claim their places there, until the next rank 0 supersedes it.
+    server.add("torus/epoch/generations", RANK0_ARRIVAL)
     fresh_group()

@@ -86,11 +86,14 @@ def _create_backend(dist_options, pg_options) -> _C.ProcessGroupTorus:
         # torchrun), else to MASTER_ADDR, else the host name's.
         address = local_address(values["socket_ifname"], rendezvous_environ(store))
         tuning = read_tuning(values["tuning_file"]) if values["tuning_file"] else None
+        # Its address travels in this rank's record, and rank 0 publishes every rank's at once.
+        listener = _C.TcpListener(address, size) if _may_use_tcp(values["transport"], size) else None
     except Exception as error:
         if size > 1:
             _tell_the_others(store, rank, size, FAILED + _failure_text(error), timeout)
         raise
-    result = meet(store, rank, size, values, identity, address, tuning, timeout, name)
+    result = meet(store, rank, size, values, identity, address, tuning, timeout, name,
+                  listener.address if listener else None)
     epoch = result["epoch"]
     # Every key the group reads from here on is its own, never one an earlier group of this name
     # left in the store (an earlier attempt under torchrun, a group destroyed and created again).
@@ -110,6 +113,8 @@ def _create_backend(dist_options, pg_options) -> _C.ProcessGroupTorus:
         print(f"[torus rank 0] group '{name}': {size} ranks on {len(set(hosts))} host(s) over {transport}, {layout}; "
               f"auto allreduce from {values['tuning_file'] if tuned else model}; "
               f"algorithms {describe(tables)}", file=sys.stderr, flush=True)
+    if transport in _OVER_TCP:
+        config.tcp_listener = listener
     config.trace_dir = trace_directory(values["trace_dir"], name, epoch)
     config.secret = bytes.fromhex(result["secret"])
     if rank == 0 and size > 1:
@@ -131,24 +136,37 @@ def publish_secret(group_store, secret: bytes) -> None:
     group_store.set(_SECRET_KEY, secret)
 
 
+# The transports whose ranks accept TCP connections from each other.
+_OVER_TCP = ("tcp", "shm+tcp")
+
+
+def _may_use_tcp(setting: str, size: int) -> bool:
+    """Whether a group of `size` ranks with TORUS_TRANSPORT `setting` may run over TCP, whatever
+    hosts its ranks turn out to live on."""
+    return size > 1 and setting in (*_OVER_TCP, "auto")
+
+
 def meet(store, rank: int, size: int, values: dict, identity: str, address: str, tuning, timeout: float,
-         name: str) -> dict:
-    """The ranks of a group meet in its store (topology.agree), each with where it lives and a
-    digest of the settings it must share (agreement.py); the result every rank returns: the
-    group's epoch, its hosts (Meeting.of), its secret. Raises ConfigError, on every rank alike,
-    naming the ranks that cannot create the group or each setting they disagree on;
-    DistBackendError naming the ranks that did not come within `timeout` seconds."""
+         name: str, tcp_address: str | None = None) -> dict:
+    """The ranks of a group meet in its store (topology.agree), each with where it lives, the
+    address its TCP listener accepts on (`tcp_address`, when it opened one) and a digest of the
+    settings it must share (agreement.py); the result every rank returns: the group's epoch, its
+    hosts (Meeting.of), its secret. Before it answers, rank 0 publishes the TCP address of every
+    rank that sent one, under the epoch (tcp/<rank>), when the group runs over TCP. Raises
+    ConfigError, on every rank alike, naming the ranks that cannot create the group or each
+    setting they disagree on; DistBackendError naming the ranks that did not come within
+    `timeout` seconds."""
     digest, detail = settings_record(values, tuning and {"path": values["tuning_file"],
                                                          "entries": [entry.record for entry in tuning]})
 
-    def decide(records: list[str], details) -> dict:
+    def decide(records: list[str], details, epoch: str) -> dict:
         """Rank 0's answer to every rank's record: who cannot create the group, else where the
         ranks live, whether they agree on their settings (a verdict naming every difference),
         and the group's secret."""
         failed = failures_of(records)
         if failed:
             return {"failed": failed}
-        parsed = [json.loads(r) for r in records]
+        parsed = [_parse_record(r, record) for r, record in enumerate(records)]
         answer = meeting_of(parsed)
         hosts = Meeting.of(answer, size).hosts
 
@@ -157,9 +175,15 @@ def meet(store, rank: int, size: int, values: dict, identity: str, address: str,
             return group_config(values, size, hosts, address, entries)[3]
 
         verdict = settings_verdict([p["settings"] for p in parsed], details, tables_of)
+        if not verdict and _may_use_tcp(values["transport"], size) and \
+                choose_transport(values["transport"], hosts) in _OVER_TCP:
+            published = [(f"torus/{epoch}/tcp/{r}", p["tcp"]) for r, p in enumerate(parsed) if "tcp" in p]
+            if published:
+                store.multi_set(*map(list, zip(*published)))
         return {**answer, "verdict": verdict, "secret": secrets.token_hex(_SECRET_BYTES)}
 
-    record = json.dumps({**meeting_record(identity, address, values["socket_ifname"]), "settings": digest})
+    fields = {"tcp": tcp_address} if tcp_address else {}
+    record = json.dumps({**meeting_record(identity, address, values["socket_ifname"]), **fields, "settings": digest})
     try:
         result = agree(store, rank, size, record, decide, timeout, detail)
     except TimeoutError as error:
@@ -171,6 +195,21 @@ def meet(store, rank: int, size: int, values: dict, identity: str, address: str,
     if result["verdict"]:
         raise ConfigError(result["verdict"])
     return result
+
+
+_RECORD_FIELDS = (*meeting_record("", "", ""), "settings")
+
+
+def _parse_record(rank: int, record: str) -> dict:
+    """A rank's meeting record, read by rank 0 (records come from the network)."""
+    try:
+        parsed = json.loads(record)
+        if not isinstance(parsed, dict) or not all(isinstance(parsed.get(field), str) for field in _RECORD_FIELDS) \
+                or not isinstance(parsed.get("tcp", ""), str):
+            raise ValueError
+        return parsed
+    except ValueError:
+        raise ValueError(f"rank {rank}'s meeting record is not one a torus rank sends: {record[:80]!r}") from None
 
 
 def _tell_the_others(store, rank: int, size: int, record: str, timeout: float) -> None:

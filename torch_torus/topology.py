@@ -120,13 +120,17 @@ def meeting_of(records: list[dict]) -> dict:
 
 # The keys of the ranks' meeting, the only ones a group reads that an earlier group of the same
 # name (an earlier attempt under torchrun, whose agent keeps its store across restarts; a group
-# destroyed and created again on the same store) may have left.
-_ARRIVALS_KEY = "torus/epoch/arrivals"
-# What rank 0 adds to the arrivals counter (every other rank adds 1): the counter's value divided
-# by it counts the rank 0s that ever arrived, which numbers their generations.
-RANK0_ARRIVAL = 1 << 40
+# destroyed and created again on the same store) may have left. The counter counts the rank 0s
+# that ever arrived (each numbers a generation, under which its meeting's keys live), in units of
+# RANK0_ARRIVAL, and the generations resolved (a result set: the places read, or superseded), in
+# ones: a rank that reads it learns at once whether the latest generation still takes places.
+_GENERATIONS_KEY = "torus/epoch/generations"
+RANK0_ARRIVAL = 1 << 32
 # A generation's result when a later rank 0 arrived before its own rank 0 closed it.
 SUPERSEDED = "superseded"
+# A generation's result when rank 0 asks ranks for their details (the JSON list of them follows);
+# the result proper is then the generation's verdict.
+_DETAILS_WANTED = "details wanted "
 
 
 def _generation_key(generation: int, name: str) -> str:
@@ -136,113 +140,155 @@ def _generation_key(generation: int, name: str) -> str:
 def latest_epoch(store) -> str | None:
     """The epoch the latest generation of the group on `store` agreed on (its keys live under
     torus/<epoch>/), or None while it has none: for tools and tests that read a live group's keys."""
-    generation = store.add(_ARRIVALS_KEY, 0) // RANK0_ARRIVAL
-    key = _generation_key(generation, "result")
-    if generation == 0 or not store.check([key]):
-        return None
-    result = bytes(store.get(key)).decode()
-    return json.loads(result)["epoch"] if result and result != SUPERSEDED else None
+    generation = store.add(_GENERATIONS_KEY, 0) // RANK0_ARRIVAL
+    for name in ("result", "verdict"):
+        key = _generation_key(generation, name)
+        if generation == 0 or not store.check([key]):
+            return None
+        result = bytes(store.get(key)).decode()
+        if not result or result == SUPERSEDED:
+            return None
+        if not result.startswith(_DETAILS_WANTED):
+            return json.loads(result)["epoch"]
+    return None
 
 
 def agree(store, rank: int, size: int, record: str, decide, timeout: float, detail: str = "") -> dict | None:
     """The one round in which the ranks of a group meet in its store: each publishes `record`
     (and `detail`, which rank 0 reads only when it asks), rank 0 reads every record with one
-    read, and `decide(records, details)` (records in rank order; details(ranks) reads those
-    ranks' details) makes the result every rank returns, with "epoch" added: a name no earlier
-    group on this store has used, under which the group keeps its keys (torus/<epoch>/). A
+    read, and `decide(records, details, epoch)` (records in rank order; details(ranks) reads those
+    ranks' details, once) makes the result every rank returns, with "epoch" added: a name no
+    earlier group on this store has used, under which the group keeps its keys
+    (torus/<epoch>/), and under which decide may publish keys before any rank sees the result. A
     record FAILED + error says the rank cannot create the group: rank 0's fails it at once
     ({"failed": {"0": error}}), another rank's returns None, and rank 0 gets it among the
-    records. O(1) store operations per rank, each immediate or a blocking wait (no polling).
+    records. At most four store operations per rank in the usual round, each immediate or a
+    blocking wait (no polling); rank 0 alone reads the N records, in one request.
 
-    Every arrival adds to one counter: rank 0 a large constant, the others 1, so the value tells
-    each arriving rank how many rank 0s have arrived, which numbers the generations, and its
-    arrival number (how many other ranks ever arrived before it). Generation g's members are the
-    size - 1 ranks that arrive next after g's rank 0: so every member is a contemporary of g's
-    rank 0, never a rank of an earlier attempt whose rank 0 is gone. Each sets its record under
-    its arrival number (no rank overwrites another's); rank 0, which knows those numbers from its
-    own, waits for them, reads them and sets g's result, naming the numbers it took. A rank whose
-    number it does not name (it arrived before g's rank 0, or after g filled), or whose
-    generation's rank 0 died (a later rank 0 sets that result to SUPERSEDED first; compare_set,
-    so it is one or the other, once), waits for the next rank 0 and arrives again. Raises
-    TimeoutError naming the ranks that did not join within `timeout` seconds."""
+    Rank 0 arrives by adding RANK0_ARRIVAL to a counter, whose value numbers its generation g;
+    every other rank reads the counter and claims its rank's place in generation g with one
+    compare_set of a key of its own (g/rank/<rank>), its record under a random claim name. A
+    claim counts only when it finds the place empty: so every member is a contemporary of g's
+    rank 0 (a rank that came before g's rank 0 claimed an earlier generation's place, or none),
+    and never one of an earlier attempt whose rank 0 is gone. Rank 0 waits for the size - 1
+    places, reads them and sets g's result, which resolves g (it adds 1 to the counter). A rank
+    that finds no generation, or the latest one resolved (it came before its rank 0), or its place
+    taken (it came after g closed), or its generation's rank 0 dead (a later rank 0 sets that
+    result to SUPERSEDED first, which resolves it; compare_set, so it is one or the other,
+    once), waits for the next rank 0 (g/next, which that rank 0 sets as it arrives) and claims its
+    place in that generation. Raises TimeoutError naming the ranks that did not join within
+    `timeout` seconds.
+
+    When rank 0 asks for details (the ranks' settings differ), the result first names the ranks
+    whose details it wants (_DETAILS_WANTED); they set them (g/detail/<rank>) and every rank
+    waits for the verdict (g/verdict), which is then the result. Only a round that fails takes
+    this second step."""
     if size == 1:
-        return {**decide([record], lambda ranks: [detail]), "epoch": secrets.token_hex(8)}
+        epoch = secrets.token_hex(8)
+        return {**decide([record], lambda ranks: [detail], epoch), "epoch": epoch}
     deadline = time.monotonic() + timeout
     if rank != 0:
         try:
-            return _join(store, rank, size, record, detail, deadline)
-        except TimeoutError:
-            raise TimeoutError(f"rank 0 did not confirm rank {rank}'s joining within {timeout:g} s") from None
-    arrival = store.add(_ARRIVALS_KEY, RANK0_ARRIVAL)
-    generation, first = arrival // RANK0_ARRIVAL, arrival % RANK0_ARRIVAL + 1
+            return _join(store, rank, record, detail, deadline)
+        except TimeoutError as error:
+            raise TimeoutError(f"rank 0 did not confirm rank {rank}'s joining within {timeout:g} s{error}") from None
+    generation = store.add(_GENERATIONS_KEY, RANK0_ARRIVAL) // RANK0_ARRIVAL
     store.set(_generation_key(generation - 1, "next"), "")
     if generation > 1:
-        store.compare_set(_generation_key(generation - 1, "result"), "", SUPERSEDED)
-    numbers = range(first, first + size - 1)
-    answer = {"members": [numbers[0], numbers[-1]], "epoch": f"{generation}-{secrets.token_hex(8)}"}
-    result_key = _generation_key(generation, "result")
+        previous = bytes(store.compare_set(_generation_key(generation - 1, "result"), "", SUPERSEDED)).decode()
+        if previous == SUPERSEDED:  # this rank 0 resolved it (no other supersedes it)
+            store.add(_GENERATIONS_KEY, 1)
+        elif previous.startswith(_DETAILS_WANTED):
+            store.compare_set(_generation_key(generation - 1, "verdict"), "", SUPERSEDED)
+    answer = {"epoch": f"{generation}-{secrets.token_hex(8)}"}
+    result_key, verdict_key = _generation_key(generation, "result"), _generation_key(generation, "verdict")
     if record.startswith(FAILED):  # the others fail as they join
         result = {"failed": {"0": record[len(FAILED):]}, **answer}
-        store.compare_set(result_key, "", json.dumps(result))
+        _publish(store, result_key, result, resolves=False)  # ranks yet to come read it too
         return result
-    keys = [_generation_key(generation, f"arrival/{n}") for n in numbers]
+    places = [_generation_key(generation, f"rank/{r}") for r in range(1, size)]
     try:
-        wait_for_keys(store, keys, deadline)
+        wait_for_keys(store, places, deadline)
     except TimeoutError:
-        # A record whose first line is no rank (None) came from no rank that belongs.
-        joined = {_rank_of(bytes(store.get(key)).decode("utf-8", "replace")) for key in keys if store.check([key])}
-        missing = sorted(set(range(1, size)) - joined)
+        missing = [r for r, key in enumerate(places, 1) if not store.check([key])]
         raise TimeoutError(f"ranks {missing} did not join within {timeout:g} s") from None
+    records = [record] + [bytes(value).decode("utf-8", "replace").partition("\n")[2]
+                          for value in store.multi_get(places)]
+    asked: list[list[int]] = []
+
+    def details(ranks: list[int]) -> list[str]:
+        theirs = [r for r in ranks if r != 0]
+        texts = {}
+        if theirs:
+            if asked:
+                raise RuntimeError("topology.agree: details() may be called once")
+            asked.append(theirs)
+            _publish(store, result_key, _DETAILS_WANTED + json.dumps(theirs))
+            keys = [_generation_key(generation, f"detail/{r}") for r in theirs]
+            try:
+                wait_for_keys(store, keys, deadline)
+            except TimeoutError:
+                missing = [r for r, key in zip(theirs, keys) if not store.check([key])]
+                raise TimeoutError(f"ranks {missing} did not send their settings within {timeout:g} s") from None
+            texts = dict(zip(theirs, (bytes(v).decode("utf-8", "replace") for v in store.multi_get(keys))))
+        return [detail if r == 0 else texts[r] for r in ranks]
+
     try:
-        records, number_of = [record] + [""] * (size - 1), {}
-        for number, value in zip(numbers, store.multi_get(keys)):
-            text = bytes(value).decode("utf-8", "replace")
-            joiner, (named, _, body) = _rank_of(text), text.partition("\n")
-            if joiner is None or not 0 < joiner < size or joiner in number_of:
-                raise ValueError(f"the record of arrival {number} names rank {named!r}, which joined the group of "
-                                 f"{size} ranks twice or does not belong to it")
-            records[joiner], number_of[joiner] = body, number
-
-        def details(ranks: list[int]) -> list[str]:
-            theirs = [r for r in ranks if r != 0]
-            read = store.multi_get([_generation_key(generation, f"detail/{number_of[r]}") for r in theirs])
-            texts = dict(zip(theirs, (bytes(v).decode("utf-8", "replace") for v in read)))
-            return [detail if r == 0 else texts[r] for r in ranks]
-
-        result = {**decide(records, details), **answer}
+        result = {**decide(records, details, answer["epoch"]), **answer}
     except Exception as error:  # a record it cannot read: the others fail at once too, naming it
-        store.compare_set(result_key, "", json.dumps({"failed": {"0": f"{type(error).__name__}: {error}"}, **answer}))
+        failure = {"failed": {"0": f"{type(error).__name__}: {error}"}, **answer}
+        try:
+            _publish(store, verdict_key if asked else result_key, failure)
+        except RuntimeError:  # superseded: its members wait for the later rank 0
+            pass
         raise
-    store.compare_set(result_key, "", json.dumps(result))
+    _publish(store, verdict_key if asked else result_key, result)
     return result
 
 
-def _rank_of(arrival: str) -> int | None:
-    """The rank a record set under an arrival number says it comes from (its first line); None
-    when that line is not a rank (records come from the network)."""
-    first = arrival.partition("\n")[0]
-    return int(first) if first.isascii() and first.isdigit() else None
+def _publish(store, key: str, result: dict | str, resolves: bool = True) -> None:
+    """Sets a generation's result (or verdict) unless a later rank 0 has superseded it first, in
+    which case this rank 0 is not its group's any more: its members joined the later one. A
+    result set after rank 0 read the places resolves the generation, and the counter says so.
+    (One never counted, as a failed rank 0's, leaves ranks of later generations to find out by
+    claiming, one request more for a rank that comes before its rank 0: never too many counted.)"""
+    text = result if isinstance(result, str) else json.dumps(result)
+    published = bytes(store.compare_set(key, "", text)).decode() == text
+    if published and resolves and key.endswith("/result"):
+        store.add(_GENERATIONS_KEY, 1)
+    if not published:
+        raise RuntimeError("torus: a later rank 0 arrived at this group's meeting before this one closed it: "
+                           "two processes ran as rank 0 of the group, or this one was too slow and was replaced")
 
 
-def _join(store, rank: int, size: int, record: str, detail: str, deadline: float) -> dict | None:
-    """agree on a rank other than 0: the result of the generation it joined."""
-    while True:
-        arrival = store.add(_ARRIVALS_KEY, 1)
-        generation, number = arrival // RANK0_ARRIVAL, arrival % RANK0_ARRIVAL
-        if generation > 0:
-            names, values = [f"arrival/{number}"], [f"{rank}\n{record}"]
-            if detail:
-                names, values = names + [f"detail/{number}"], values + [detail]
-            store.multi_set([_generation_key(generation, name) for name in names], values)
-            result = wait_for_key(store, _generation_key(generation, "result"), deadline, read=True)
-            if result != SUPERSEDED:
-                answer = json.loads(result)
-                lo, hi = answer["members"]
-                if lo <= number <= hi:
-                    return None if record.startswith(FAILED) else answer
-        # No rank 0 had arrived, this arrival came before its generation's rank 0 or after the
-        # generation filled, or that rank 0 died: this rank's rank 0 is a later one.
-        wait_for_key(store, _generation_key(generation, "next"), deadline)
+def _join(store, rank: int, record: str, detail: str, deadline: float) -> dict | None:
+    """agree on a rank other than 0: the result of the generation it joined. Its TimeoutError
+    says only what more is known of why (often nothing)."""
+    claim = f"{secrets.token_hex(8)}\n{record}"
+    counted = store.add(_GENERATIONS_KEY, 0)
+    generation, taken = counted // RANK0_ARRIVAL, False
+    unresolved = generation > counted % RANK0_ARRIVAL
+    try:
+        while True:
+            if unresolved:
+                place = _generation_key(generation, f"rank/{rank}")
+                taken = bytes(store.compare_set(place, "", claim)).decode("utf-8", "replace") != claim
+                if not taken:
+                    result = wait_for_key(store, _generation_key(generation, "result"), deadline, read=True)
+                    if result.startswith(_DETAILS_WANTED):
+                        if rank in json.loads(result[len(_DETAILS_WANTED):]):
+                            store.set(_generation_key(generation, f"detail/{rank}"), detail)
+                        result = wait_for_key(store, _generation_key(generation, "verdict"), deadline, read=True)
+                    if result != SUPERSEDED:
+                        return None if record.startswith(FAILED) else json.loads(result)
+            # No rank 0 had arrived, the latest generation was resolved, another process holds
+            # this rank's place in it (it closed before this rank came), or its rank 0 died:
+            # this rank's rank 0 is a later one.
+            wait_for_key(store, _generation_key(generation, "next"), deadline)
+            generation, unresolved = generation + 1, True
+    except TimeoutError:
+        raise TimeoutError(f" (another process holds rank {rank}'s place in the group's latest meeting: two "
+                           f"processes run as rank {rank}, or rank 0 has not come)" if taken else "") from None
 
 
 def wait_for_key(store, key: str, deadline: float, read: bool = False) -> str | None:
@@ -252,8 +298,9 @@ def wait_for_key(store, key: str, deadline: float, read: bool = False) -> str | 
     return read_key(store, key) if read else None
 
 
-# compare_set(key, x, x) changes nothing whatever the key holds and returns its value (x when it
-# is absent): a read of one round trip, where TCPStore's get first waits for the key (two).
+# compare_set(key, x, x) changes nothing whatever the key holds and returns its value: a read of
+# one round trip, where TCPStore's get first waits for the key (two). Never on a key that may be
+# absent: TCPStore then returns x and wakes everyone waiting for the key, which is not there.
 _READ_ONLY = "\0"
 
 

@@ -4,12 +4,14 @@
 
 #include <cstdint>
 #include <map>
+#include <memory>
 #include <string>
 #include <vector>
 
 #include "backend/algorithm_catalog.h"
 #include "comm/comm.h"
 #include "transport/message_options.h"
+#include "transport/tcp/tcp_listener.h"
 
 namespace torus {
 
@@ -62,6 +64,9 @@ struct TorusConfig {
   // The group's secret (transport/group_secret.h), which rank 0 drew and every rank learned when
   // the ranks met in the store; a group of one or over shared memory alone needs none.
   std::string secret;
+  // The socket TCP accepts on, opened before the ranks met: its address travelled in this rank's
+  // record and rank 0 published it (TcpOptions::listener). Null: TCP opens its own.
+  std::shared_ptr<TcpListener> tcpListener;
 };
 
 } // namespace torus

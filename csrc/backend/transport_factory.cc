@@ -38,6 +38,7 @@ class StoreRendezvous : public Rendezvous {
     }
     // TCPStore's get would wait for the key again (a second round trip). compareSet with the
     // same expected and desired value changes nothing and returns the value: one round trip.
+    // Only ever on a key known to be set: on an absent one TCPStore wakes the key's waiters.
     const std::vector<uint8_t> same{0};
     auto value = store_->compareSet(key, same, same);
     return std::string(value.begin(), value.end());
@@ -80,6 +81,7 @@ GroupTransport buildTransport(const c10::intrusive_ptr<c10d::Store>& store, int 
                     "a group of ", size, " ranks over ", config.transport, " needs the group's secret of ",
                     kSecretBytes, " bytes, got ", config.secret.size(), " bytes");
     tcp.secret = config.secret;
+    tcp.listener = config.tcpListener;
     if (config.transport == "shm") {
       auto shm = std::make_shared<ShmTransport>(rank, size, *rendezvous, std::vector<int>{}, messages);
       group.description = std::string("shared memory (") +

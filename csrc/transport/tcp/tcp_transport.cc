@@ -137,7 +137,10 @@ TcpTransport::TcpTransport(int rank, int size, std::shared_ptr<Rendezvous> rende
     throw std::runtime_error(systemError("torus: eventfd", errno));
   }
   try {
-    if (size > 1) {
+    if (options.listener) {
+      addresses_[rank] = options.listener->address();
+      listenFd_ = options.listener->release();
+    } else if (size > 1) {
       listenFd_ = listenOn(options.address, size, &addresses_[rank]);
       rendezvous->set("tcp/" + std::to_string(rank), addresses_[rank]);
     }

@@ -4,8 +4,9 @@
 // Connections are made when first needed: the first send to a peer, or receive from it, starts
 // one (a receive from any peer starts none: its sender connects), and the messages wait in the
 // message layer until it is up. So a rank whose algorithms talk to k peers holds k sockets, not
-// size - 1, and setup reads no peer's address: each rank publishes its own ("tcp/<rank>") and a
-// peer's is read once, when a connection to it is first made.
+// size - 1, and setup reads no peer's address: each rank's is published ("tcp/<rank>"; by rank 0
+// for all when their listeners were opened before the ranks met) and a peer's is read once, when
+// a connection to it is first made.
 //
 // Handshake: the connecting rank sends a Hello (magic, its rank, the group's size, a nonce and
 // the proof that it knows the group's secret: group_secret.h); the accepting rank answers with a
@@ -37,6 +38,7 @@
 #include "transport/group_secret.h"
 #include "transport/message_transport.h"
 #include "transport/rendezvous.h"
+#include "transport/tcp/tcp_listener.h"
 
 namespace torus {
 
@@ -48,6 +50,9 @@ struct TcpOptions {
   MessageOptions messages;
   // The group's secret (transport/group_secret.h), which every connection's handshake proves.
   std::string secret;
+  // The socket to accept on, opened when the ranks met, its address published for this rank
+  // ("tcp/<rank>") by rank 0; null: the transport listens on `address` and publishes its own.
+  std::shared_ptr<TcpListener> listener;
 };
 
 class TcpTransport : public MessageTransport {
