@@ -317,3 +317,28 @@ def test_a_buffer_posted_again_is_moved_onto_huge_pages():
     if not _kernel_collapses():
         pytest.skip("this kernel does not move memory onto huge pages on request (MADV_COLLAPSE, Linux >= 6.1)")
     harness.check(SHM, 3, _case_reused_buffer_on_huge_pages)
+
+
+def _case_large_uneven_blocks(ctx):
+    import torch_torus
+
+    group = ctx.new_group(list(range(ctx.world_size)), pg_options=torch_torus.Options(allreduce="two_shot"))
+    problems = []
+    # Blocks of about 1.4 MiB (chunked smaller than a small block) whose last chunk is partial.
+    count = (1 << 20) + 12345
+    for dtype in (torch.float32, torch.float64):
+        t = torch.arange(count, dtype=dtype) * (ctx.rank + 1)
+        dist.all_reduce(t, group=group)
+        n = ctx.world_size
+        expected = torch.arange(count, dtype=dtype) * (n * (n + 1) // 2)
+        if not torch.equal(t, expected):
+            wrong = (t != expected).nonzero()
+            problems.append(f"{dtype}: {wrong.numel()} elements wrong, first at {wrong[0].item()}")
+    dist.destroy_process_group(group)
+    return problems
+
+
+def test_two_shot_reduces_large_blocks_chunk_by_chunk():
+    """A block of 1 MiB or more is reduced in smaller chunks than a small one
+    (single_copy_reduce_scatter): every element lands where it belongs, the partial last chunk too."""
+    harness.check(SHM, 3, _case_large_uneven_blocks)
