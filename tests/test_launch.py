@@ -523,3 +523,17 @@ def test_the_interface_address_is_its_first_ipv4_address_else_ipv6(monkeypatch):
         local_address("tap0")
     with pytest.raises(ConfigError, match="TORUS_SOCKET_IFNAME='eth9': the interface does not exist here"):
         local_address("eth9")
+
+
+@pytest.mark.parametrize("record", ["{", "[]", json.dumps({"id": "h", "address": "10.0.0.1", "ifname": ""}),
+                                    json.dumps({"id": "h", "address": "10.0.0.1", "ifname": "", "settings": "d",
+                                                "tcp": 29500})])
+def test_a_meeting_record_rank_0_cannot_read_is_named_by_rank(record):
+    """Records come from the network: one that is not JSON, not an object, lacks a field or has
+    one of the wrong type fails naming the rank it came from."""
+    from torch_torus import _parse_record
+
+    with pytest.raises(ValueError, match=r"rank 3's meeting record is not one a torus rank sends"):
+        _parse_record(3, record)
+    good = json.dumps({"id": "h", "address": "10.0.0.1", "ifname": "", "settings": "d", "tcp": "10.0.0.1:1"})
+    assert _parse_record(3, good)["tcp"] == "10.0.0.1:1"
