@@ -207,11 +207,7 @@ def agree(store, rank: int, size: int, record: str, decide, timeout: float, deta
         _publish(store, result_key, result, resolves=False)  # ranks yet to come read it too
         return result
     places = [_generation_key(generation, f"rank/{r}") for r in range(1, size)]
-    try:
-        wait_for_keys(store, places, deadline)
-    except TimeoutError:
-        missing = [r for r, key in enumerate(places, 1) if not store.check([key])]
-        raise TimeoutError(f"ranks {missing} did not join within {timeout:g} s") from None
+    _wait_for_ranks(store, range(1, size), places, deadline, f"did not join within {timeout:g} s")
     records = [record] + [bytes(value).decode("utf-8", "replace").partition("\n")[2]
                           for value in store.multi_get(places)]
     asked: list[list[int]] = []
@@ -225,11 +221,7 @@ def agree(store, rank: int, size: int, record: str, decide, timeout: float, deta
             asked.append(theirs)
             _publish(store, result_key, _DETAILS_WANTED + json.dumps(theirs))
             keys = [_generation_key(generation, f"detail/{r}") for r in theirs]
-            try:
-                wait_for_keys(store, keys, deadline)
-            except TimeoutError:
-                missing = [r for r, key in zip(theirs, keys) if not store.check([key])]
-                raise TimeoutError(f"ranks {missing} did not send their settings within {timeout:g} s") from None
+            _wait_for_ranks(store, theirs, keys, deadline, f"did not send their settings within {timeout:g} s")
             texts = dict(zip(theirs, (bytes(v).decode("utf-8", "replace") for v in store.multi_get(keys))))
         return [detail if r == 0 else texts[r] for r in ranks]
 
@@ -244,6 +236,16 @@ def agree(store, rank: int, size: int, record: str, decide, timeout: float, deta
         raise
     _publish(store, verdict_key if asked else result_key, result)
     return result
+
+
+def _wait_for_ranks(store, ranks, keys: list[str], deadline: float, failure: str) -> None:
+    """Waits for each of `ranks` to set its key of `keys`; at `deadline` raises TimeoutError naming
+    the ranks whose keys are missing, followed by `failure`. Only then is each key checked."""
+    try:
+        wait_for_keys(store, keys, deadline)
+    except TimeoutError:
+        missing = [r for r, key in zip(ranks, keys) if not store.check([key])]
+        raise TimeoutError(f"ranks {missing} {failure}") from None
 
 
 def _publish(store, key: str, result: dict | str, resolves: bool = True) -> None:
