@@ -7,12 +7,14 @@ its two ring neighbours' addresses as the C++ transport's PublishedLookups does 
 the key, then a read). Nothing else of a group is created: no socket, no thread.
 
 Beside it, the floor on the same store: an `add` counter and one `wait` for "every rank has
-arrived". Each phase starts on every rank at once after a store barrier; a rank times its own.
-Floor and creation run in turn, `--repeats` times, on the same store under the same group name:
-the first creation creates the group, the later ones create it again, reading past what the
-earlier ones left. Prints, per size, the median over the repeats of the slowest rank's time of
-floor and creation (and the first creation's), the store operations per rank (fewest-most) and
-the store's requests per second during creation:
+arrived"; and the least meeting: the floor with a record set by every rank and an answer read by
+every rank after its wait, the least any meeting that carries records and answers costs on a
+TCPStore, whose `wait` returns no value. Each phase starts on every rank at once after a store
+barrier; a rank times its own. Floor, least meeting and creation run in turn, `--repeats` times,
+on the same store under the same group name: the first creation creates the group, the later
+ones create it again, reading past what the earlier ones left. Prints, per size, the median over
+the repeats of the slowest rank's time of each (and the first creation's), the store operations
+per rank (fewest-most) and the store's requests per second during creation:
 
     python benchmarks/creation_at_scale.py --ranks 256 1024 4096 --processes 32
 
@@ -122,6 +124,18 @@ def floor(store: dist.Store, rank: int, size: int, name: str, timeout: float = T
     wait_for_key(store, f"floor/{name}/all", time.monotonic() + timeout)
 
 
+def least_meeting(store: dist.Store, rank: int, size: int, name: str, timeout: float = TIMEOUT_S) -> None:
+    """The least a meeting that carries records and answers costs on this store, whatever its
+    protocol: every rank leaves its record (a `set`, answered by nothing) and counts itself in;
+    the last to arrive sets the answer; every rank waits for it and reads it (TCPStore's `wait`
+    returns no value). Nothing keeps out a rank of an earlier attempt, and nobody reads the
+    records: a lower bound, not a protocol."""
+    store.set(f"least/{name}/record/{rank}", f"host{rank}")
+    if store.add(f"least/{name}/arrived", 1) == size:
+        store.set(f"least/{name}/answer", "0")
+    wait_for_key(store, f"least/{name}/answer", time.monotonic() + timeout, read=True)
+
+
 def _barrier(client: dist.Store, size: int, name: str) -> None:
     if client.add(f"sim/{name}/ready", 1) == size:
         client.set(f"sim/{name}/go", "")
@@ -131,7 +145,7 @@ def _barrier(client: dist.Store, size: int, name: str) -> None:
 def phases(repeats: int) -> list[str]:
     """Floor and creation in turn, `repeats` times: creation 1 creates the group, the later ones
     create it again under the same name (the keys of the earlier ones still in the store)."""
-    return [f"{what} {i}" for i in range(1, repeats + 1) for what in ("floor", "creation")]
+    return [f"{what} {i}" for i in range(1, repeats + 1) for what in ("floor", "least meeting", "creation")]
 
 
 def _simulated_rank(rank: int, size: int, port: int, connecting: threading.Semaphore, values: dict,
@@ -146,6 +160,10 @@ def _simulated_rank(rank: int, size: int, port: int, connecting: threading.Semap
             start = time.perf_counter()
             if phase.startswith("floor"):
                 floor(counting, rank, size, phase)
+                out[(rank, phase)] = (time.perf_counter() - start, len(counting.ops))
+                continue
+            if phase.startswith("least meeting"):
+                least_meeting(counting, rank, size, phase)
                 out[(rank, phase)] = (time.perf_counter() - start, len(counting.ops))
                 continue
             group = create(counting, rank, size, values)
@@ -255,24 +273,26 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--ranks", type=int, nargs="+", default=[256, 1024, 4096])
     parser.add_argument("--processes", type=int, default=8)
-    parser.add_argument("--repeats", type=int, default=5, help="floor and creation, in turn, this many times")
+    parser.add_argument("--repeats", type=int, default=5, help="floor, least meeting and creation, in turn, this many times")
     parser.add_argument("--json", help="also write the rows here")
     parser.add_argument("--timeline", action="store_true",
                         help="after the table, each size's last creation operation by operation")
     args = parser.parse_args()
     rows = []
-    print("| ranks | floor (slowest rank) | creation | ÷ floor | first creation | with the first collective's 2 "
-          "lookups | store ops per rank (creation; with lookups) | store requests/s (creation) |")
-    print("|---:|---:|---:|---:|---:|---:|---:|---:|")
+    print("| ranks | floor (slowest rank) | least meeting (÷ floor) | creation | ÷ floor | first creation | with the "
+          "first collective's 2 lookups | store ops per rank (creation; with lookups) | store requests/s (creation) |")
+    print("|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
     for size in args.ranks:
         row = simulate(size, args.processes, args.repeats)
         rows.append(row)
         runs = range(1, args.repeats + 1)
         floor_s = _median([row[f"floor {i}"]["slowest_s"] for i in runs])
+        least_s = _median([row[f"least meeting {i}"]["slowest_s"] for i in runs])
         created = [row[f"creation {i}"] for i in runs]
         creation_s = _median([c["slowest_s"] for c in created])
         looked = [row[f"creation {i} and lookups"] for i in runs]
-        print(f"| {size:,} | {floor_s:.3f} s | {creation_s:.3f} s | {creation_s / floor_s:.1f} | "
+        print(f"| {size:,} | {floor_s:.3f} s | {least_s:.3f} s ({least_s / floor_s:.1f}) | {creation_s:.3f} s | "
+              f"{creation_s / floor_s:.1f} | "
               f"{created[0]['slowest_s']:.3f} s | {_median([c['slowest_s'] for c in looked]):.3f} s | "
               f"{min(c['ops_min'] for c in created)}-{max(c['ops_max'] for c in created)}; "
               f"{min(c['ops_min'] for c in looked)}-{max(c['ops_max'] for c in looked)} | "
