@@ -18,23 +18,21 @@ namespace py = pybind11;
 #ifdef TORUS_WITH_CUDA
 namespace {
 
-// The dtype or op whose name (dataTypeName, reduceKindName) is `name`, for the kernel hooks.
+// What the kernel hooks' `name` argument names; a ValueError naming it where nothing has that name.
 template <class Enum>
-Enum byName(const std::string& name, const char* (*nameOf)(Enum), int count, const char* what) {
-  for (int i = 0; i < count; ++i) {
-    if (name == nameOf(static_cast<Enum>(i))) {
-      return static_cast<Enum>(i);
-    }
+Enum namedArgument(std::optional<Enum> found, const std::string& name, const char* what) {
+  if (!found) {
+    throw py::value_error(std::string("torus: unknown ") + what + " '" + name + "'");
   }
-  throw py::value_error(std::string("torus: unknown ") + what + " '" + name + "'");
+  return *found;
 }
 
-torus::DataType dataTypeNamed(const std::string& name) {
-  return byName(name, &torus::dataTypeName, static_cast<int>(torus::DataType::kBool) + 1, "dtype");
+torus::DataType dtypeArgument(const std::string& name) {
+  return namedArgument(torus::dataTypeNamed(name), name, "dtype");
 }
 
-torus::ReduceKind reduceKindNamed(const std::string& name) {
-  return byName(name, &torus::reduceKindName, static_cast<int>(torus::ReduceKind::kBxor) + 1, "reduce op");
+torus::ReduceKind opArgument(const std::string& name) {
+  return namedArgument(torus::reduceKindNamed(name), name, "reduce op");
 }
 
 } // namespace
@@ -158,7 +156,7 @@ PYBIND11_MODULE(_C, module) {
         for (uintptr_t src : srcs) {
           pointers.push_back(reinterpret_cast<const void*>(src));
         }
-        torus::cuda::reduceSourcesOnDevice(dataTypeNamed(dtype), reduceKindNamed(op), reinterpret_cast<void*>(dst),
+        torus::cuda::reduceSourcesOnDevice(dtypeArgument(dtype), opArgument(op), reinterpret_cast<void*>(dst),
                                            pointers.data(), static_cast<int>(pointers.size()), count,
                                            reinterpret_cast<cudaStream_t>(stream));
       },
@@ -166,7 +164,7 @@ PYBIND11_MODULE(_C, module) {
   module.def(
       "_scale_cuda",
       [](const std::string& dtype, bool divide, uintptr_t buf, size_t count, double factor, uintptr_t stream) {
-        torus::cuda::scaleOnDevice(dataTypeNamed(dtype),
+        torus::cuda::scaleOnDevice(dtypeArgument(dtype),
                                    divide ? torus::cuda::ScaleKind::kDivide : torus::cuda::ScaleKind::kMultiply,
                                    reinterpret_cast<void*>(buf), count, factor, reinterpret_cast<cudaStream_t>(stream));
       },

@@ -515,4 +515,30 @@ Reducer makeReducer(DataType dtype, ReduceKind kind, Isa isa) {
   return reducer;
 }
 
+namespace {
+
+template <class Enum>
+std::optional<Enum> named(const std::string& name, const char* (*nameOf)(Enum), Enum last) {
+  for (int i = 0; i <= static_cast<int>(last); ++i) {
+    if (name == nameOf(static_cast<Enum>(i))) {
+      return static_cast<Enum>(i);
+    }
+  }
+  return std::nullopt;
+}
+
+} // namespace
+
+std::optional<DataType> dataTypeNamed(const std::string& name) {
+  return named(name, &dataTypeName, DataType::kBool);
+}
+
+std::optional<ReduceKind> reduceKindNamed(const std::string& name) {
+  return named(name, &reduceKindName, ReduceKind::kBxor);
+}
+
+std::optional<Isa> isaNamed(const std::string& name) {
+  return named(name, &isaName, Isa::kAvx512);
+}
+
 } // namespace torus

@@ -8,6 +8,8 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <optional>
+#include <string>
 
 namespace torus {
 
@@ -75,5 +77,11 @@ const char* isaName(Isa isa);
 
 // As makeReducer(dtype, kind), built for isa; fn == nullptr also when isa is wider than bestIsa().
 Reducer makeReducer(DataType dtype, ReduceKind kind, Isa isa);
+
+// The dtype, op or instruction set that dataTypeName, reduceKindName or isaName calls `name`;
+// nullopt for a name none of them has.
+std::optional<DataType> dataTypeNamed(const std::string& name);
+std::optional<ReduceKind> reduceKindNamed(const std::string& name);
+std::optional<Isa> isaNamed(const std::string& name);
 
 } // namespace torus

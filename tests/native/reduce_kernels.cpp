@@ -2,8 +2,10 @@
 
 #include <torch/extension.h>
 
+#include <optional>
 #include <string>
 
+#include "backend/tensor_checks.h"
 #include "reduce/reduce.h"
 
 namespace torus {
@@ -12,41 +14,12 @@ namespace {
 
 constexpr Isa kIsas[] = {Isa::kPortable, Isa::kAvx2, Isa::kAvx512};
 
-Isa isaNamed(const std::string& name) {
-  for (Isa isa : kIsas) {
-    if (name == isaName(isa)) {
-      return isa;
-    }
-  }
-  throw py::value_error("torus_testing: unknown instruction set '" + name + "'");
-}
-
 template <class Enum>
-Enum named(const std::string& name, const char* (*nameOf)(Enum), int count, const char* what) {
-  for (int i = 0; i < count; ++i) {
-    if (name == nameOf(static_cast<Enum>(i))) {
-      return static_cast<Enum>(i);
-    }
+Enum known(std::optional<Enum> found, const std::string& name, const char* what) {
+  if (!found) {
+    throw py::value_error(std::string("torus_testing: unknown ") + what + " '" + name + "'");
   }
-  throw py::value_error(std::string("torus_testing: unknown ") + what + " '" + name + "'");
-}
-
-DataType dataTypeOf(const torch::Tensor& tensor) {
-  const std::string name = c10::toString(tensor.scalar_type());
-  static const std::pair<const char*, const char*> kTorchNames[] = {
-      {"Float", "float32"}, {"Double", "float64"}, {"Half", "float16"}, {"BFloat16", "bfloat16"},
-      {"Char", "int8"},     {"Short", "int16"},    {"Int", "int32"},    {"Long", "int64"},
-      {"Byte", "uint8"},    {"Bool", "bool"}};
-  for (const auto& [torchName, ours] : kTorchNames) {
-    if (name == torchName) {
-      return named(ours, &dataTypeName, static_cast<int>(DataType::kBool) + 1, "dtype");
-    }
-  }
-  throw py::value_error("torus_testing: no kernel for dtype " + name);
-}
-
-ReduceKind reduceKindOf(const std::string& op) {
-  return named(op, &reduceKindName, static_cast<int>(ReduceKind::kBxor) + 1, "reduce op");
+  return *found;
 }
 
 } // namespace
@@ -71,7 +44,7 @@ void defineReduceKernels(pybind11::module& module) {
         TORCH_CHECK(dst.is_contiguous() && src.is_contiguous(), "reduce_into: contiguous tensors only");
         TORCH_CHECK(dst.scalar_type() == src.scalar_type() && dst.numel() == src.numel(),
                     "reduce_into: dst and src differ in dtype or length");
-        const Reducer reducer = makeReducer(dataTypeOf(dst), reduceKindOf(op), isaNamed(isa));
+        const Reducer reducer = makeReducer(toDataType(dst.scalar_type(), "reduce_into's dst"), known(reduceKindNamed(op), op, "reduce op"), known(isaNamed(isa), isa, "instruction set"));
         if (reducer.fn == nullptr) {
           return false;
         }
@@ -84,10 +57,11 @@ void defineReduceKernels(pybind11::module& module) {
   module.def(
       "dispatched_isa",
       [](const std::string& dtype, const std::string& op) -> py::object {
-        const DataType type = named(dtype, &dataTypeName, static_cast<int>(DataType::kBool) + 1, "dtype");
-        const ReduceFn chosen = makeReducer(type, reduceKindOf(op)).fn;
+        const DataType type = known(dataTypeNamed(dtype), dtype, "dtype");
+        const ReduceKind kind = known(reduceKindNamed(op), op, "reduce op");
+        const ReduceFn chosen = makeReducer(type, kind).fn;
         for (Isa isa : kIsas) {
-          if (chosen != nullptr && makeReducer(type, reduceKindOf(op), isa).fn == chosen) {
+          if (chosen != nullptr && makeReducer(type, kind, isa).fn == chosen) {
             return py::str(isaName(isa));
           }
         }
