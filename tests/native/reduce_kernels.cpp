@@ -44,7 +44,9 @@ void defineReduceKernels(pybind11::module& module) {
         TORCH_CHECK(dst.is_contiguous() && src.is_contiguous(), "reduce_into: contiguous tensors only");
         TORCH_CHECK(dst.scalar_type() == src.scalar_type() && dst.numel() == src.numel(),
                     "reduce_into: dst and src differ in dtype or length");
-        const Reducer reducer = makeReducer(toDataType(dst.scalar_type(), "reduce_into's dst"), known(reduceKindNamed(op), op, "reduce op"), known(isaNamed(isa), isa, "instruction set"));
+        const Reducer reducer =
+            makeReducer(toDataType(dst.scalar_type(), "reduce_into's dst"), known(reduceKindNamed(op), op, "reduce op"),
+                        known(isaNamed(isa), isa, "instruction set"));
         if (reducer.fn == nullptr) {
           return false;
         }
