@@ -126,35 +126,49 @@ def test_mismatch_named_on_both_sides(backend, world_size, kind):
 # ------------------------------------------------------------------ a rank killed mid-collective
 
 
-def _run_kind(kind: str, rank: int, world_size: int) -> None:
+def _run_kind(kind: str, rank: int, world_size: int, shared_tensors: bool = False) -> None:
     n = 1 << 16
+    if shared_tensors:
+        # From allocate_tensor: peers read and write them with their own loads and stores.
+        backend = dist.group.WORLD._get_backend(torch.device("cpu"))
+
+        def empty(count):
+            return backend.allocate_tensor(count, dtype=torch.float32, device=torch.device("cpu"))
+    else:
+        def empty(count):
+            return torch.empty(count)
+
+    def ones(count):
+        return empty(count).fill_(1)
+
     if kind == "all_reduce":
-        dist.all_reduce(torch.ones(n))
+        dist.all_reduce(ones(n))
     elif kind == "broadcast":
-        dist.broadcast(torch.ones(n), src=0)
+        dist.broadcast(ones(n), src=0)
     elif kind == "all_gather":
-        dist.all_gather_into_tensor(torch.empty(n * world_size), torch.ones(n))
+        dist.all_gather_into_tensor(empty(n * world_size), ones(n))
     elif kind == "reduce_scatter":
-        dist.reduce_scatter_tensor(torch.empty(n), torch.ones(n * world_size))
+        dist.reduce_scatter_tensor(empty(n), ones(n * world_size))
     elif kind == "all_to_all":
-        dist.all_to_all_single(torch.empty(n * world_size), torch.ones(n * world_size))
+        dist.all_to_all_single(empty(n * world_size), ones(n * world_size))
     elif kind == "gather":
-        dist.gather(torch.ones(n), [torch.empty(n) for _ in range(world_size)] if rank == 0 else None, dst=0)
+        dist.gather(ones(n), [empty(n) for _ in range(world_size)] if rank == 0 else None, dst=0)
     elif kind == "reduce":
-        dist.reduce(torch.ones(n), dst=0)
+        dist.reduce(ones(n), dst=0)
     elif kind == "barrier":
         dist.barrier()
     elif kind == "send_recv":
         if rank == 0:
             for peer in range(1, world_size):
-                dist.recv(torch.empty(n), src=peer)
+                dist.recv(empty(n), src=peer)
         else:
-            dist.send(torch.ones(n), dst=0)
+            dist.send(ones(n), dst=0)
     else:
         raise ValueError(kind)
 
 
-def _killed_rank(rank, world_size, path, transport, kind, victim, queue, done, allreduce, fork_child, warm_up):
+def _killed_rank(rank, world_size, path, transport, kind, victim, queue, done, allreduce, fork_child, warm_up,
+                 shared_tensors):
     os.environ["TORUS_TRANSPORT"] = transport
     os.environ["TORUS_ALLREDUCE"] = allreduce
     if transport == "auto":
@@ -166,7 +180,7 @@ def _killed_rank(rank, world_size, path, transport, kind, victim, queue, done, a
     dist.init_process_group("torus", init_method="file://" + path, rank=rank, world_size=world_size,
                             timeout=datetime.timedelta(seconds=120))
     if warm_up:
-        _run_kind(kind, rank, world_size)
+        _run_kind(kind, rank, world_size, shared_tensors)
         # A sender's call may end before its bytes arrive (an eager send ends when the fabric
         # took them): the victim dies only once every survivor has finished warming up, told
         # through the store, which the kill does not touch.
@@ -183,7 +197,7 @@ def _killed_rank(rank, world_size, path, transport, kind, victim, queue, done, a
         os.kill(os.getpid(), signal.SIGKILL)
     start = time.monotonic()
     try:
-        _run_kind(kind, rank, world_size)
+        _run_kind(kind, rank, world_size, shared_tensors)
         queue.put((rank, "returned", time.monotonic() - start))
     except Exception as e:  # noqa: BLE001 - reported to the test
         queue.put((rank, f"{type(e).__name__}: {e}", time.monotonic() - start))
@@ -221,6 +235,13 @@ def test_killed_rank_fails_the_others_in_each_shm_allreduce(tmp_path, allreduce)
     _killed_rank_fails_the_others(tmp_path, "shm", "all_reduce", victim=2, allreduce=allreduce)
 
 
+@pytest.mark.parametrize("kind", ["all_reduce", "all_gather", "reduce_scatter"])
+def test_killed_rank_fails_the_others_on_shared_tensors(tmp_path, kind):
+    """Tensors from allocate_tensor: the survivors map the dead rank's and read and write them
+    directly (two_shot, the direct gathers); its death must still fail them, not hang them."""
+    _killed_rank_fails_the_others(tmp_path, "shm", kind, victim=2, allreduce="two_shot", shared_tensors=True)
+
+
 @pytest.mark.parametrize("kind", ["all_reduce", "send_recv"])
 def test_killed_rank_with_a_forked_child_fails_the_others(backend, tmp_path, kind):
     """The dead rank's child (forked after the group was made) lives on: the others must still
@@ -235,13 +256,14 @@ def test_rank_killed_before_its_first_call_fails_the_others(backend, tmp_path, k
     _killed_rank_fails_the_others(tmp_path, _transports(backend), kind, victim=2, warm_up=False)
 
 
-def _killed_rank_fails_the_others(tmp_path, transport, kind, victim, allreduce="auto", fork_child=False, warm_up=True):
+def _killed_rank_fails_the_others(tmp_path, transport, kind, victim, allreduce="auto", fork_child=False, warm_up=True,
+                                  shared_tensors=False):
     world_size = 3
     context = multiprocessing.get_context("spawn")
     queue, done = context.Queue(), context.Event()
     procs = [context.Process(target=_killed_rank,
                              args=(r, world_size, str(tmp_path / "store"), transport, kind, victim, queue, done,
-                                   allreduce, fork_child, warm_up))
+                                   allreduce, fork_child, warm_up, shared_tensors))
              for r in range(world_size)]
     for p in procs:
         p.start()

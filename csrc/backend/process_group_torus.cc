@@ -8,6 +8,7 @@
 #include <set>
 
 #include "backend/log.h"
+#include "backend/shared_tensor_allocator.h"
 #include "backend/tensor_checks.h"
 #include "backend/tensor_staging.h"
 #include "backend/transport_factory.h"
@@ -72,6 +73,10 @@ ProcessGroupTorus::ProcessGroupTorus(const c10::intrusive_ptr<c10d::Store>& stor
   LiveGroups& live = liveGroups();
   std::lock_guard<std::mutex> lock(live.mutex);
   live.groups.insert(this);
+}
+
+at::Tensor ProcessGroupTorus::allocateTensor(long size, at::TensorOptions options) {
+  return allocateSharedTensor(size, options);
 }
 
 ProcessGroupTorus::~ProcessGroupTorus() {

@@ -64,6 +64,12 @@ class ProcessGroupTorus : public c10d::Backend {
   void resetTraffic() {
     traffic_->reset();
   }
+  // c10d's tensor allocation hook (FSDP2 takes its communication buffers from it): CPU tensors in
+  // memory this host's peers map (shared_tensor_allocator.h); other devices' from torch.
+  bool supportsTensorAlloc(c10::DeviceIndex) override {
+    return true;
+  }
+  at::Tensor allocateTensor(long size, at::TensorOptions options) override;
   // The algorithm this group runs `collective` with for a call of `nbytes` bytes.
   Algorithm algorithmFor(const std::string& collective, uint64_t nbytes) const {
     return dispatch_.algorithmFor(collective, nbytes);

@@ -2,7 +2,8 @@
 // S_b bytes (evenly: S/n):
 //   1. every rank announces its buffer's address;
 //   2. rank r writes its block straight into the same place of every peer's buffer
-//      (process_vm_writev), peers in the order r+1, r+2, ...;
+//      (process_vm_writev, or a plain copy where the peer's buffer lies in its SharedTensorArena
+//      and is mapped here), peers in the order r+1, r+2, ...;
 //   3. it counts one delivery into each peer and waits for n-1 deliveries into itself: then
 //      every block of its buffer holds its owner's.
 // Bytes copied per rank: (n-1) S_r written (S(n-1)/n for even blocks), one copy each, no staging
@@ -13,6 +14,7 @@
 // nobody else reads or writes once the peer has announced it (step 1).
 #include "collectives/single_copy_allgather.h"
 
+#include <cstring>
 #include <numeric>
 
 #include "collectives/shm_posting.h"
@@ -24,8 +26,13 @@ void writeToPeers(Comm& comm, SharedMemory& shm, const std::vector<SharedMemory:
   const size_t offset = chunk.offset * elementSize;
   for (int k = 1; k < comm.size(); ++k) {
     const int peer = (comm.rank() + k) % comm.size();
-    shm.writePeer(peer, postings[peer].address + offset, static_cast<const char*>(buf) + offset,
-                  chunk.count * elementSize);
+    const char* mine = static_cast<const char*>(buf) + offset;
+    const size_t nbytes = chunk.count * elementSize;
+    if (char* theirs = postings[peer].mapped) {
+      shm.useMapped(peer, nbytes, [&] { std::memcpy(theirs + offset, mine, nbytes); });
+    } else {
+      shm.writePeer(peer, postings[peer].address + offset, mine, nbytes);
+    }
   }
 }
 

@@ -3,7 +3,8 @@
 //   1. every rank announces its buffer's address;
 //   2. rank r, one chunk of its block at a time, copies each peer's chunk into a cache-sized
 //      scratch (process_vm_readv) and reduces it into its own buffer, peers in the order r+1,
-//      r+2, ... so that no one rank's memory is everyone's first stop;
+//      r+2, ... so that no one rank's memory is everyone's first stop; a peer's buffer that lies
+//      in its SharedTensorArena (mapped here) is reduced from where it lies, with no copy;
 //   3. once it has reduced its whole block, it counts one delivery into each peer (done reading
 //      its buffer) and waits for n-1 deliveries into itself, after which the caller may reuse
 //      its buffer.
@@ -50,6 +51,10 @@ void reduceOwnBlockFromPeers(Comm& comm, SharedMemory& shm, const std::vector<Sh
     const size_t offset = chunk.offset * es;
     for (int k = 1; k < n; ++k) {
       const int peer = (me + k) % n;
+      if (const char* theirs = postings[peer].mapped) {
+        shm.useMapped(peer, chunk.count * es, [&] { reducer(base + offset, theirs + offset, chunk.count); });
+        continue;
+      }
       shm.readPeer(peer, postings[peer].address + offset, staging, chunk.count * es);
       reducer(base + offset, staging, chunk.count);
     }

@@ -5,11 +5,15 @@
 //   2. rank r, one chunk of its block at a time, copies each peer's chunk into a cache-sized
 //      scratch (process_vm_readv) and reduces it into its own buffer, then writes the reduced
 //      chunk straight into every peer's buffer (process_vm_writev) while it is still in cache;
+//      where a peer's buffer lies in its SharedTensorArena (tensors from allocate_tensor), mapped
+//      here, it reads and writes it with plain loads and stores instead, and reduces the peer's
+//      chunk from where it lies;
 //   3. once it has written its whole block, it counts one delivery into each peer, and waits
 //      for n-1 deliveries into itself.
 // Bytes copied per rank: (n-1)S/n read + (n-1)S/n written, one copy each, no staging in
 // shared memory and no intermediate copy in the receiver; 2 synchronizations however large S
-// (the two halves run one after the other would take 4).
+// (the two halves run one after the other would take 4). With mapped buffers the memory sees the
+// least an allreduce can move: every rank's S read once and written once.
 //
 // Safe without more synchronization: rank r writes peer p's block r only after it has read it
 // (chunk by chunk), and p reads nobody's copy of its own block but its own. A delivery from p

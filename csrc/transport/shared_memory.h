@@ -1,6 +1,7 @@
 // SharedMemory: what ranks that map each other's memory offer collectives beyond messages —
 // announcements ("postings") that peers read directly, one-shot slots, and single copies
-// between the processes' own buffers. A Comm offers it (Comm::sharedMemory()) when its transport
+// between the processes' own buffers, or plain loads and stores where a peer's buffer lies in
+// memory this rank maps (SharedTensorArena). A Comm offers it (Comm::sharedMemory()) when its transport
 // reaches every one of its ranks through shared memory; the ranks here are the Comm's, 0..n-1.
 //
 // A collective on shared memory, on every member in the same order: beginCollective(), post()
@@ -11,6 +12,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 
 #include "transport/transport.h"
 
@@ -29,6 +31,14 @@ class SharedMemory {
     uint64_t nbytes = 0;
     uint64_t tag = 0; // the collective's sequence number, as its messages carry it
     CallSignature call;
+    // Filled in by the transport, not by the caller of post(): the poster's shared tensor segment
+    // that holds the buffer (segmentFd -1: none)...
+    int64_t segmentFd = -1;
+    uint64_t segmentBase = 0; // in the poster's address space
+    uint64_t segmentBytes = 0;
+    // ...and, in what waitPosted() returns, the buffer mapped into this process when it lies in
+    // such a segment; null otherwise (copy with readPeer/writePeer).
+    char* mapped = nullptr;
   };
 
   virtual ~SharedMemory() = default;
@@ -58,6 +68,10 @@ class SharedMemory {
   // Copies between this process and a peer's memory (single copy through the kernel).
   virtual void readPeer(int peer, uint64_t address, void* dst, size_t nbytes) = 0;
   virtual void writePeer(int peer, uint64_t address, const void* src, size_t nbytes) = 0;
+  // Runs use() on `peer`'s buffer through its Posting::mapped, counting nbytes of traffic with the
+  // peer as readPeer/writePeer do. Throws CommError as they do once the peer gave up on the group;
+  // the peer's abort waits for use() to return, so it reuses nothing use() touches.
+  virtual void useMapped(int peer, size_t nbytes, const std::function<void()>& use) = 0;
   // Counts one delivery into `peer` (this rank is done with its buffer) and wakes it.
   virtual void signalDelivered(int peer) = 0;
   // Waits until every peer has counted one more delivery into this rank than before.

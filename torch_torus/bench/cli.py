@@ -88,6 +88,12 @@ def build_parser() -> argparse.ArgumentParser:
                         help="where the tensors live; cuda uses GPU LOCAL_RANK modulo the GPU "
                              "count, measures rank 0's GPU's device-to-device copy bandwidth "
                              "first and reports each busbw as a share of it (default: %(default)s)")
+    parser.add_argument("--alloc", choices=["torch", "backend"], default="torch",
+                        help="where the buffers come from, shared by every contender at a size. "
+                             "torch: torch.empty (what DDP's buckets are); backend: the first "
+                             "contender group's allocate_tensor (c10d's tensor allocation hook, where "
+                             "FSDP2 takes its buffers: torus puts CPU tensors in shared memory its "
+                             "peers on the host map) (default: %(default)s)")
     parser.add_argument("--check", action="store_true",
                         help="after timing each size, run one more call on known data and count "
                              "wrong elements in #wrong (slower; off by default, as nccl-tests "
@@ -146,6 +152,21 @@ def measured_device_copy(device: torch.device, rank: int, bootstrap: dist.Proces
     return shared[0]
 
 
+def buffer_allocator(alloc: str, contenders, device: torch.device):
+    """empty(count, dtype) for --alloc: torch.empty, or the first contender group's
+    allocate_tensor; names the contenders when none offers it."""
+    if alloc == "torch":
+        return lambda count, dtype: torch.empty(count, dtype=dtype, device=device)
+    for contender in contenders:
+        if contender.group is None:
+            continue
+        backend = contender.group._get_backend(device)
+        if backend.supports_tensor_alloc(device):
+            return lambda count, dtype: backend.allocate_tensor(count, dtype=dtype, device=device)
+    labels = ", ".join(contender.label for contender in contenders)
+    raise SystemExit(f"--alloc backend: no contender ({labels}) allocates tensors on {device}")
+
+
 def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
     import_backends(args.contenders, args.import_module)
@@ -185,6 +206,8 @@ def main(argv: list[str] | None = None) -> None:
                         detail = f"{contender.transport}: {detail}"
                     contender.transport = detail
 
+    args.empty = buffer_allocator(args.alloc, args.contenders, device)
+
     hostnames: list[str] = [""] * world_size
     dist.all_gather_object(hostnames, socket.gethostname(), group=bootstrap)
     one_host = len(set(hostnames)) == 1
@@ -201,7 +224,7 @@ def main(argv: list[str] | None = None) -> None:
     report(header(collective, args, hostnames) + table.header_lines())
     rows_by_size = []
     for count in counts_to_measure(collective, args):
-        rows = measure_size(count, collective, args, pattern, bootstrap, device, synchronize,
+        rows = measure_size(count, collective, args, pattern, bootstrap, synchronize,
                             one_host=one_host)
         rows_by_size.append(rows)
         report([table.row_line(rows)])

@@ -105,8 +105,9 @@ class Collective:
         input read once and its output written once (the bench's %mem bound)."""
         raise NotImplementedError
 
-    def allocate(self, count: int, dtype: torch.dtype, device: torch.device) -> Buffers:
-        tensor = torch.empty(count, dtype=dtype, device=device)
+    def allocate(self, count: int, dtype: torch.dtype, empty: Callable[[int, torch.dtype], torch.Tensor]) -> Buffers:
+        """The buffers of a call of `count` elements, each from empty(elements, dtype)."""
+        tensor = empty(count, dtype)
         return Buffers(tensor, tensor)
 
     def call(self, buffers: Buffers, group: dist.ProcessGroup, op) -> None:
@@ -194,10 +195,9 @@ class ShardedCollective(Collective):
         """Elements of the input and of the output."""
         raise NotImplementedError
 
-    def allocate(self, count, dtype, device):
+    def allocate(self, count, dtype, empty):
         input_length, output_length = self.buffer_lengths(count)
-        return Buffers(torch.empty(input_length, dtype=dtype, device=device),
-                       torch.empty(output_length, dtype=dtype, device=device))
+        return Buffers(empty(input_length, dtype), empty(output_length, dtype))
 
 
 class AllGather(ShardedCollective):

@@ -75,12 +75,12 @@ def check_contender(collective: Collective, buffers: Buffers, count: int, call: 
 
 
 def measure_size(count: int, collective: Collective, args: argparse.Namespace,
-                 pattern: CheckPattern, bootstrap: dist.ProcessGroup, device: torch.device,
+                 pattern: CheckPattern, bootstrap: dist.ProcessGroup,
                  synchronize: Callable[[], None], one_host: bool = False) -> list[Row]:
     contenders = args.contenders
     dtype = DTYPES[args.dtype]
     size_bytes = collective.size_bytes(count, dtype.itemsize)
-    buffers = collective.allocate(count, dtype, device)  # shared by all contenders at this size
+    buffers = collective.allocate(count, dtype, args.empty)  # shared by all contenders at this size
 
     calls = [contender.bind(collective, buffers, args.op) for contender in contenders]
     # Each contender starts from the same data: an in-place allreduce repeated grows its values.

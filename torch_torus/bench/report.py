@@ -124,6 +124,8 @@ def header(collective: Collective, args: argparse.Namespace, hostnames: list[str
         f"# torch_torus.bench: {collective.name}, {args.dtype}, redop {op}, device {args.device}",
         f"# {describe_hosts(hostnames)}",
         *timing_lines(collective, args),
+        "# buffers: " + ("torch.empty" if args.alloc == "torch" else
+                         "allocate_tensor of the first contender's group that has it, shared by every contender"),
         f"# torch {torch.__version__}" + (
             f", torch_torus {sys.modules['torch_torus'].__version__}" if "torch_torus" in sys.modules else ""),
     ]
@@ -205,6 +207,7 @@ def write_json(path: str, collective: Collective, args: argparse.Namespace, host
         "rounds": args.rounds,
         "min_round_ms": args.min_round_ms,
         "timing": args.timing,
+        "alloc": args.alloc,
         "torch_version": torch.__version__,
         "contenders": [{"label": c.label, "backend": c.backend, "options": c.options,
                         "library": c.library} for c in args.contenders],

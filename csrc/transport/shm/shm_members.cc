@@ -5,6 +5,7 @@
 #include <memory>
 #include <vector>
 
+#include "transport/shm/shared_tensor_arena.h"
 #include "transport/shm/shm_transport.h"
 #include "transport/traffic_counters.h"
 
@@ -52,10 +53,17 @@ class ShmTransport::Members : public SharedMemory {
   }
 
   void post(const Posting& posting) override {
-    shm_.prepareForPeers(posting.address, posting.nbytes);
+    Posting withSegment = posting;
+    if (auto segment = SharedTensorArena::instance().segmentHolding(posting.address, posting.nbytes)) {
+      withSegment.segmentFd = segment->fd;
+      withSegment.segmentBase = segment->base;
+      withSegment.segmentBytes = segment->bytes;
+    } else {
+      shm_.prepareForPeers(posting.address, posting.nbytes);
+    }
     for (size_t i = 0; i < members_.size(); ++i) {
       if (i != self_) {
-        shm_.post(members_[i], pairEpochs_[i], posting);
+        shm_.post(members_[i], pairEpochs_[i], withSegment);
       }
     }
   }
@@ -72,6 +80,11 @@ class ShmTransport::Members : public SharedMemory {
   void writePeer(int peer, uint64_t address, const void* src, size_t nbytes) override {
     count(peer, nbytes);
     shm_.writePeer(members_[peer], address, src, nbytes);
+  }
+
+  void useMapped(int peer, size_t nbytes, const std::function<void()>& use) override {
+    count(peer, nbytes);
+    shm_.useMapped(members_[peer], use);
   }
 
   void signalDelivered(int peer) override {

@@ -1,4 +1,5 @@
 #include "transport/shm/shm_transport.h"
+#include "transport/shm/shared_tensor_arena.h"
 
 #include <fcntl.h>
 #include <linux/futex.h>
@@ -10,6 +11,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <map>
 #include <numeric>
 #include <cerrno>
 #include <climits>
@@ -39,6 +41,9 @@ struct alignas(kLine) SharedPosting {
   uint64_t nbytes;
   uint64_t tag;
   CallSignature call;
+  int64_t segmentFd; // the owner's SharedTensorArena segment holding the buffer; -1: none
+  uint64_t segmentBase;
+  uint64_t segmentBytes;
 };
 
 struct ControlBlock {
@@ -53,7 +58,7 @@ struct ControlBlock {
   std::atomic<uint32_t> sleepers;
   // Peers that finished reading each one-shot slot, ever.
   alignas(kLine) std::atomic<uint64_t> slotReleases[2];
-  // Peers copying to or from the owner's memory right now (guardedCrossCopy).
+  // Peers reading or writing the owner's memory right now (guardedPeerAccess).
   alignas(kLine) std::atomic<uint32_t> crossCopiers;
 };
 
@@ -159,25 +164,44 @@ std::string gaveUpText(const ControlBlock* control, int rank) {
          std::string(control->faultText, ::strnlen(control->faultText, kFaultTextBytes));
 }
 
-// Moves nbytes between this process's `local` and the memory of the peer whose control block is
-// `peer` (its pid `pid`), unless the peer has given up on the group: its abort() then waits for
-// copies under way, so that it frees no buffer a copy still touches. Throws CommError naming
-// `peerRank` when the peer gave up or the kernel refuses.
-void guardedCrossCopy(ControlBlock* peer, int pid, int peerRank, char* local, uint64_t remote, size_t nbytes,
-                      bool read) {
+// Runs access() on the memory of the peer whose control block is `peer`, unless the peer has given
+// up on the group: its abort() then waits for accesses under way, so that it reuses no buffer an
+// access still touches. Throws CommError naming `peerRank` when the peer gave up, or when access()
+// returns false (the kernel refused a copy; errno says why, `what` says what was refused).
+template <typename Access>
+void guardedPeerAccess(ControlBlock* peer, int peerRank, const char* what, Access access) {
+  struct Counted {
+    ControlBlock* peer;
+    ~Counted() {
+      peer->crossCopiers.fetch_sub(1, std::memory_order_release);
+    }
+  };
   peer->crossCopiers.fetch_add(1, std::memory_order_seq_cst);
-  const bool gaveUp = peer->faulted.load(std::memory_order_seq_cst) != 0;
-  const bool copied = !gaveUp && crossCopy(pid, local, remote, nbytes, read);
-  const int err = errno;
-  peer->crossCopiers.fetch_sub(1, std::memory_order_release);
+  bool gaveUp = false;
+  bool done = false;
+  int err = 0;
+  {
+    Counted counted{peer};
+    gaveUp = peer->faulted.load(std::memory_order_seq_cst) != 0;
+    done = !gaveUp && access();
+    err = errno;
+  }
   if (gaveUp) {
     throw CommError(CommError::Kind::kPeer, gaveUpText(peer, peerRank));
   }
-  if (!copied) {
+  if (!done) {
     errno = err;
-    throw CommError(CommError::Kind::kPeer, systemError(std::string("cannot ") + (read ? "read" : "write") + " rank " +
-                                                        std::to_string(peerRank) + "'s memory"));
+    throw CommError(CommError::Kind::kPeer,
+                    systemError(std::string("cannot ") + what + " rank " + std::to_string(peerRank) + "'s memory"));
   }
+}
+
+// Moves nbytes between this process's `local` and the memory of the peer whose control block is
+// `peer` (its pid `pid`), under guardedPeerAccess.
+void guardedCrossCopy(ControlBlock* peer, int pid, int peerRank, char* local, uint64_t remote, size_t nbytes,
+                      bool read) {
+  guardedPeerAccess(peer, peerRank, read ? "read" : "write",
+                    [&] { return crossCopy(pid, local, remote, nbytes, read); });
 }
 
 // How long abort() waits for peers' copies from or into this rank's memory to finish.
@@ -316,10 +340,21 @@ struct ShmTransport::Peer {
   // The peer reads single-copy messages from this process.
   bool readsSingleCopy = false;
   std::unique_ptr<RingLink> link;
+  // The peer's SharedTensorArena segments mapped here, by the peer's fd; touched only by the
+  // thread that runs collectives with the peer, as epochsWith_ is.
+  struct TensorSegment {
+    char* local;
+    uint64_t base; // in the peer's address space
+    uint64_t bytes;
+  };
+  std::map<int64_t, TensorSegment> tensorSegments;
 
   ~Peer() {
     if (pidfd >= 0) {
       ::close(pidfd);
+    }
+    for (const auto& [fd, segment] : tensorSegments) {
+      ::munmap(segment.local, segment.bytes);
     }
   }
 };
@@ -577,6 +612,9 @@ void ShmTransport::post(int peer, uint64_t pairEpoch, const SharedMemory::Postin
   shared.nbytes = posting.nbytes;
   shared.tag = posting.tag;
   shared.call = posting.call;
+  shared.segmentFd = posting.segmentFd;
+  shared.segmentBase = posting.segmentBase;
+  shared.segmentBytes = posting.segmentBytes;
   shared.epoch.store(pairEpoch, std::memory_order_release);
   ring(peer);
 }
@@ -642,7 +680,69 @@ SharedMemory::Posting ShmTransport::waitPosted(int peer, uint64_t pairEpoch, con
                      " of the two";
             },
             checkMessages);
-  return SharedMemory::Posting{shared.ownEpoch, shared.address, shared.nbytes, shared.tag, shared.call};
+  SharedMemory::Posting posting{shared.ownEpoch, shared.address,      shared.nbytes,      shared.tag,
+                                shared.call,     shared.segmentFd,    shared.segmentBase, shared.segmentBytes};
+  if (posting.segmentFd >= 0) {
+    posting.mapped = mapPostedBuffer(peer, posting);
+  }
+  return posting;
+}
+
+char* ShmTransport::mapPostedBuffer(int rank, const SharedMemory::Posting& posting) {
+  Peer& peer = *peers_[rank];
+  const std::string who = "rank " + std::to_string(rank);
+  const uint64_t end = posting.address + posting.nbytes;
+  if (posting.address < posting.segmentBase || end < posting.address ||
+      end > posting.segmentBase + posting.segmentBytes || posting.segmentBase + posting.segmentBytes < posting.segmentBase) {
+    throw CommError(CommError::Kind::kPeer, who + " posted " + std::to_string(posting.nbytes) + " bytes at " +
+                                                std::to_string(posting.address) + ", outside the shared tensor segment it "
+                                                "named (" + std::to_string(posting.segmentBytes) + " bytes at " +
+                                                std::to_string(posting.segmentBase) + ")");
+  }
+  auto known = peer.tensorSegments.find(posting.segmentFd);
+  if (known == peer.tensorSegments.end()) {
+    const std::string path = "/proc/" + std::to_string(peer.pid) + "/fd/" + std::to_string(posting.segmentFd);
+    char target[64] = {};
+    const ssize_t length = ::readlink(path.c_str(), target, sizeof(target) - 1);
+    const std::string expected = std::string("/memfd:") + SharedTensorArena::kName;
+    if (length < 0) {
+      return nullptr; // the kernel will not show it: copy through the kernel instead
+    }
+    if (std::string(target, static_cast<size_t>(length)).rfind(expected, 0) != 0) {
+      throw CommError(CommError::Kind::kPeer, who + " named fd " + std::to_string(posting.segmentFd) +
+                                                  " as a shared tensor segment, but it is " + target);
+    }
+    const int fd = ::open(path.c_str(), O_RDWR | O_CLOEXEC);
+    if (fd < 0) {
+      return nullptr;
+    }
+    struct stat st {};
+    void* at = MAP_FAILED;
+    const bool sized = ::fstat(fd, &st) == 0 && static_cast<uint64_t>(st.st_size) == posting.segmentBytes;
+    if (sized) {
+      at = ::mmap(nullptr, posting.segmentBytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    }
+    ::close(fd);
+    if (!sized) {
+      throw CommError(CommError::Kind::kPeer, who + " named a shared tensor segment of " +
+                                                  std::to_string(posting.segmentBytes) + " bytes; its fd " +
+                                                  std::to_string(posting.segmentFd) + " holds " +
+                                                  std::to_string(st.st_size));
+    }
+    if (at == MAP_FAILED) {
+      return nullptr;
+    }
+    known = peer.tensorSegments
+                .emplace(posting.segmentFd,
+                         Peer::TensorSegment{static_cast<char*>(at), posting.segmentBase, posting.segmentBytes})
+                .first;
+  }
+  const Peer::TensorSegment& segment = known->second;
+  if (segment.base != posting.segmentBase || segment.bytes != posting.segmentBytes) {
+    throw CommError(CommError::Kind::kPeer, who + " named its shared tensor segment at fd " +
+                                                std::to_string(posting.segmentFd) + " with another place or size than before");
+  }
+  return segment.local + (posting.address - segment.base);
 }
 
 void ShmTransport::readPeer(int peer, uint64_t address, void* dst, size_t nbytes) {
@@ -655,6 +755,14 @@ void ShmTransport::writePeer(int peer, uint64_t address, const void* src, size_t
   throwIfAborted();
   guardedCrossCopy(peers_[peer]->segment.control(), peers_[peer]->pid, peer,
                    const_cast<char*>(static_cast<const char*>(src)), address, nbytes, false);
+}
+
+void ShmTransport::useMapped(int peer, const std::function<void()>& use) {
+  throwIfAborted();
+  guardedPeerAccess(peers_[peer]->segment.control(), peer, "use", [&] {
+    use();
+    return true;
+  });
 }
 
 void ShmTransport::throwIfAborted() {

@@ -114,6 +114,11 @@ class ShmTransport : public MessageTransport {
                                    Deadline deadline);
   void readPeer(int peer, uint64_t address, void* dst, size_t nbytes);
   void writePeer(int peer, uint64_t address, const void* src, size_t nbytes);
+  // `posting` (from `peer`, naming a shared tensor segment) mapped into this process: null when
+  // the kernel will not open or map the segment. Throws CommError when the posting contradicts
+  // itself or the segment it names.
+  char* mapPostedBuffer(int peer, const SharedMemory::Posting& posting);
+  void useMapped(int peer, const std::function<void()>& use);
   void signalDelivered(int peer);
   // Throws kAborted once this rank gave up on the group.
   void throwIfAborted();
