@@ -7,6 +7,7 @@
 #include "backend/callback_scope.h"
 #include "backend/process_group_torus.h"
 #include "collectives/blocks.h"
+#include "reduce/streaming_copy.h"
 #include "transport/ofi/ofi_transport.h"
 #include "transport/shared_memory.h"
 #ifdef TORUS_WITH_CUDA
@@ -132,6 +133,19 @@ PYBIND11_MODULE(_C, module) {
            py::call_guard<py::gil_scoped_release>());
   module.def("shut_down_groups", &torus::ProcessGroupTorus::shutDownAll, py::call_guard<py::gil_scoped_release>(),
              "Shuts down every torus group of this process (the atexit hook's work).");
+  module.def(
+      "streaming_copy",
+      [](at::Tensor& target, const at::Tensor& source) {
+        TORCH_CHECK_VALUE(target.device().is_cpu() && source.device().is_cpu() && target.is_contiguous() &&
+                              source.is_contiguous(),
+                          "streaming_copy: target and source must be contiguous CPU tensors");
+        TORCH_CHECK_VALUE(target.nbytes() == source.nbytes(), "streaming_copy: target has ", target.nbytes(),
+                          " bytes, source ", source.nbytes());
+        py::gil_scoped_release released;
+        torus::streamingCopy(target.data_ptr(), source.data_ptr(), source.nbytes());
+      },
+      py::arg("target"), py::arg("source"),
+      "Copies source into target with non-temporal stores (the bench's memory bound).");
 
   // torch_torus.callbacks wraps every callback given to then() or add_done_callback(): its place,
   // taken when it is attached, and the scope it opens around the callback.

@@ -49,6 +49,7 @@ def test_bench_rounds_time_every_contender_and_report_the_best(tmp_path):
     # One host, CPU tensors: the memory's bound, measured by both ranks (2 cores here, or more).
     memory = document["host_memory_bandwidth"]
     assert memory["processes"] == min(2, len(os.sched_getaffinity(0))) and memory["gbps"] > 0, memory
+    assert memory["gbps"] == max(memory["plain_gbps"], memory["streaming_gbps"]), memory
     assert "# host memory: " in output and "%mem" in output, output
     for row in rows:  # 2·n·S bytes over the bandwidth, as a share of the time
         bound_us = 2 * 2 * row["size_bytes"] / (memory["gbps"] * 1e9) * 1e6
@@ -202,17 +203,20 @@ def test_bench_on_one_cpu_host_reports_the_memory_bound_as_a_share_of_each_time(
     from torch_torus.bench.memory_bound import HostMemory
 
     args = parse_args(["--backends", "gloo;mpi"])
-    args.host_memory = HostMemory(gbps=20.0, nbytes=64 << 20, processes=2, rounds=5, copies=4)
+    args.host_memory = HostMemory(gbps=20.0, nbytes=64 << 20, processes=2, rounds=5, copies=4, plain_gbps=12.5,
+                                  streaming_gbps=20.0)
     lines, document = _report(args, tmp_path)
     text = "\n".join(lines)
     assert "# host memory: 20.0 GB/s, bytes read + written per second by 2 ranks at once" in text, text
+    assert "(streaming stores 20.0, plain stores 12.5: the faster counts)" in text, text
     assert "2·n·S / 20.0 GB/s" in text, text
     assert _column_names(lines).count("%mem") == 2, lines
     # 4 KiB on 4 ranks: 2·4·4 KiB through memory at 20 GB/s take 1.64 us; in 50 us, 3%; in 80 us, 2%.
     small = _row(lines, 4096)
     assert small.split()[9] == "3" and small.split()[14] == "2", small
-    assert document["host_memory_bandwidth"] == {"gbps": 20.0, "bytes_per_process": 64 << 20, "processes": 2,
-                                                 "rounds": 5, "copies_per_round": 4}
+    assert document["host_memory_bandwidth"] == {"gbps": 20.0, "plain_gbps": 12.5, "streaming_gbps": 20.0,
+                                                 "bytes_per_process": 64 << 20, "processes": 2, "rounds": 5,
+                                                 "copies_per_round": 4}
     shares = [row["share_of_memory_bound"] for row in document["rows"]]
     assert shares == pytest.approx([8 * row["size_bytes"] / 20e9 / (row["time_us"] * 1e-6) for row in document["rows"]])
 

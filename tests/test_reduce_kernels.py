@@ -124,3 +124,23 @@ def test_dispatch_picks_the_widest_the_cpu_runs(kernels):
         for op in OPS:
             chosen = kernels.dispatched_isa(_name(dtype), op)
             assert chosen == (expected if _supported(dtype, op) else None), (dtype, op)
+
+
+@pytest.mark.parametrize("nbytes,offset", [(0, 0), (1, 0), (4095, 0), (16 << 10, 0), ((64 << 10) + 17, 0),
+                                           ((1 << 20) + 64, 8), ((1 << 20) + 64, 16)])
+def test_streaming_copy_copies_every_byte(nbytes, offset):
+    """The bench's memory bound copies with non-temporal stores: the four-page interleaved bulk,
+    the tail, and unaligned buffers (a plain copy) each land every byte where it belongs."""
+    from torch_torus import _C
+
+    source = torch.randint(0, 256, (nbytes + offset,), dtype=torch.uint8)[offset:]
+    target = torch.zeros(nbytes + offset, dtype=torch.uint8)[offset:]
+    _C.streaming_copy(target, source)
+    assert torch.equal(target, source)
+
+
+def test_streaming_copy_refuses_buffers_of_different_sizes():
+    from torch_torus import _C
+
+    with pytest.raises(ValueError, match="target has 5 bytes, source 8"):
+        _C.streaming_copy(torch.empty(5, dtype=torch.uint8), torch.empty(8, dtype=torch.uint8))

@@ -92,6 +92,12 @@ def test_a_layout_without_a_table_runs_the_cost_model_on_the_memory_the_tuner_me
               "copies_per_round": 4}
     tuning.write(path, tuning.make_entry(layout_of(4), SIZES, TIMES, {"host_memory": memory}))
     assert tuning.host_memory_gbps(path) == 4 * SHM_FIT_MEMORY_GBPS
+    # The model was fitted against plain copies: a file that holds both figures gives the plain one.
+    both = str(tmp_path / "both.json")
+    tuning.write(both, tuning.make_entry(layout_of(4), SIZES, TIMES, {"host_memory": {
+        **memory, "plain_gbps": 4 * SHM_FIT_MEMORY_GBPS, "streaming_gbps": 7 * SHM_FIT_MEMORY_GBPS,
+        "gbps": 7 * SHM_FIT_MEMORY_GBPS}}))
+    assert tuning.host_memory_gbps(both) == 4 * SHM_FIT_MEMORY_GBPS
     values = config.resolve(None, environ={"TORUS_TUNING_FILE": path})
     hosts = ["h"] * 8  # no entry for 8 ranks: the model chooses, on that memory
     _, grid, transport, tables, tuned = torch_torus.group_config(values, 8, hosts)

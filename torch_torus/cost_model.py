@@ -103,7 +103,8 @@ class Machine:
 DEFAULT_MACHINE = Machine(latency=260e-6, bandwidth=0.41e9, reduce_rate=2.5e9, message_overhead=230e-6)
 # Fitted to the 2-, 4- and 8-rank shared-memory runs on 2 cores, calls on the calling thread
 # (benchmarks/results/cost_model_fit_shm_issue18.txt).
-# The memory bandwidth of the host SHM_MACHINE was fitted on (2 processes copying 64 MiB at once,
+# The memory bandwidth of the host SHM_MACHINE was fitted on (2 processes copying 64 MiB at once
+# with plain stores, HostMemory.plain_gbps,
 # issue 42); a tuning file's measured figure scales it to another host (Machine.with_memory).
 SHM_FIT_MEMORY_GBPS = 27.3
 SHM_MACHINE = Machine(latency=2.5e-6, bandwidth=5.06e9, reduce_rate=10.0e9, message_overhead=10.9e-6,

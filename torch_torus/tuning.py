@@ -196,14 +196,19 @@ def write(path: str, entry: dict) -> None:
 
 
 def host_memory_gbps(path: str, entries: list[Entry] | None = None) -> float | None:
-    """The host memory bandwidth (GB/s, read + written) the tuner last measured into the file
-    (its latest entry made on one host), or None."""
+    """The host memory bandwidth (GB/s, read + written) of copies with plain stores, as the tuner
+    last measured it into the file (its latest entry made on one host), or None: what the cost
+    model's shared-memory machine was fitted against. Files written before the streaming copy
+    was timed too hold the plain figure under "gbps"."""
     if not path:
         return None
     for entry in reversed(read(path) if entries is None else entries):
         memory = entry.record.get("host_memory")
-        if isinstance(memory, dict) and isinstance(memory.get("gbps"), (int, float)) and memory["gbps"] > 0:
-            return float(memory["gbps"])
+        if not isinstance(memory, dict):
+            continue
+        gbps = memory.get("plain_gbps", memory.get("gbps"))
+        if isinstance(gbps, (int, float)) and gbps > 0:
+            return float(gbps)
     return None
 
 

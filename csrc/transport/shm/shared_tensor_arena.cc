@@ -39,6 +39,10 @@ std::optional<SharedTensorArena::Segment> SharedTensorArena::create(size_t bytes
     ::close(fd);
     return std::nullopt;
   }
+  if (bytes >= kHugePage) {
+    // 2 MiB pages where the system lets shared memory have them (shmem_enabled "advise" or wider).
+    ::madvise(base, bytes, MADV_HUGEPAGE);
+  }
   return Segment{fd, reinterpret_cast<uint64_t>(base), bytes};
 }
 

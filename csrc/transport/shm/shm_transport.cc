@@ -721,6 +721,9 @@ char* ShmTransport::mapPostedBuffer(int rank, const SharedMemory::Posting& posti
     const bool sized = ::fstat(fd, &st) == 0 && static_cast<uint64_t>(st.st_size) == posting.segmentBytes;
     if (sized) {
       at = ::mmap(nullptr, posting.segmentBytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+      if (at != MAP_FAILED) {
+        ::madvise(at, posting.segmentBytes, MADV_HUGEPAGE); // as its owner asked (SharedTensorArena)
+      }
     }
     ::close(fd);
     if (!sized) {
