@@ -102,7 +102,7 @@ def _case_collectives(ctx, placement, dtype_name, op):
     n, rank = ctx.world_size, ctx.rank
     group = ctx.new_group(list(range(n)), pg_options=torch_torus.Options(
         allreduce="two_shot", allgather="direct", reduce_scatter="direct"))
-    shared = placement == "all" or (placement == "some" and rank % 2 == 0)
+    shared = placement in ("all", "views") or (placement == "some" and rank % 2 == 0)
     offset = 0 if placement != "views" else 17 + rank
     dtype = dtype_of(dtype_name)
     problems = []
@@ -210,3 +210,44 @@ def test_fsdp2_with_buffers_from_allocate_tensor_trains_as_without():
     """FSDP2's opt-in (set_allocate_memory_from_process_group_for_comm) takes its all-gather and
     reduce-scatter buffers from allocate_tensor: the same losses and parameters, bit for bit."""
     harness.check(SHM, 4, _case_fsdp2)
+
+
+SEGMENT = 2 << 20
+BASE = 1 << 40
+
+
+@pytest.mark.parametrize("address,nbytes,base,size,wrong", [
+    (BASE, SEGMENT, BASE, SEGMENT, None),
+    (BASE + 4096, 100, BASE, SEGMENT, None),
+    (BASE + SEGMENT, 0, BASE, SEGMENT, None),
+    (BASE - 1, 10, BASE, SEGMENT, "before its start"),
+    (BASE + SEGMENT - 10, 11, BASE, SEGMENT, "past its end"),
+    (2 ** 64 - 8, 16, BASE, SEGMENT, "an address that wraps"),
+    (BASE, 10, 2 ** 64 - 4096, 8192, "a segment that wraps"),
+])
+def test_a_posting_outside_its_segment_is_refused(address, nbytes, base, size, wrong):
+    """A peer's posting is input: its buffer must lie inside the segment it names, else the
+    collective fails naming the numbers instead of touching memory past the segment."""
+    import torus_testing
+
+    problem = torus_testing.module().shared_tensor_claim_problem(address, nbytes, base, size)
+    if wrong is None:
+        assert problem == "", problem
+    else:
+        assert problem == (f"posted {nbytes} bytes at {address}, outside the shared tensor segment it named "
+                           f"({size} bytes at {base})"), (wrong, problem)
+
+
+@pytest.mark.parametrize("target,file_bytes,wrong", [
+    ("/memfd:torus-tensors (deleted)", SEGMENT, None),
+    ("/memfd:torus-shm (deleted)", SEGMENT, "an fd that is /memfd:torus-shm (deleted)"),
+    ("/home/user/data.bin", SEGMENT, "an fd that is /home/user/data.bin"),
+    ("/memfd:torus-tensors (deleted)", SEGMENT // 2, f"of {SEGMENT} bytes whose file holds {SEGMENT // 2}"),
+])
+def test_an_fd_that_is_not_the_segment_named_is_refused(target, file_bytes, wrong):
+    """The fd a peer names must be one of its shared tensor segments, of the size it says:
+    another of its files (its transport's own segment, a data file) or a smaller one fails."""
+    import torus_testing
+
+    problem = torus_testing.module().shared_tensor_file_problem(target, file_bytes, SEGMENT)
+    assert (problem == "") if wrong is None else (wrong in problem), problem

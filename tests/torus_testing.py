@@ -2,7 +2,9 @@
 (shared-memory collectives on Comms over some ranks of a group, for test_shm.py),
 DeviceCollectivesOnHost (the device collectives on the host device layer, for
 test_device_collectives.py), hmac_sha256 (the hellos' proofs, for test_auth.py), reduce_into
-(every instruction-set variant of the reduction kernels, for test_reduce_kernels.py) and, in a
+(every instruction-set variant of the reduction kernels, for test_reduce_kernels.py),
+shared_tensor_claim_problem and shared_tensor_file_problem (the checks of a peer's posting of a
+shared tensor, for test_shared_tensors.py) and, in a
 build with libfabric, OfiAdversary (an endpoint that sends crafted messages, for test_wire_ofi.py).
 They are not part of the package: `module()` compiles them the first time a test needs them (a
 minute or two; later sessions reuse the build while the sources are unchanged), into build/testing-<python>/, linked against the torch_torus._C being tested so that

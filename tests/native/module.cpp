@@ -10,6 +10,7 @@
 #include "ofi_adversary.h"
 #endif
 #include "transport/hmac.h"
+#include "transport/shm/shared_tensor_arena.h"
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, module) {
   torus::defineSubsetComms(module);
@@ -25,4 +26,10 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, module) {
         return py::bytes(reinterpret_cast<const char*>(digest.data()), digest.size());
       },
       py::arg("key"), py::arg("message"), "HMAC-SHA256 as the transports' hellos prove with it (test_auth.py).");
+  module.def("shared_tensor_claim_problem", &torus::SharedTensorArena::claimProblem, py::arg("address"),
+             py::arg("nbytes"), py::arg("segment_base"), py::arg("segment_bytes"),
+             "What the shm transport finds wrong with a peer's posted buffer in its segment (test_shared_tensors.py).");
+  module.def("shared_tensor_file_problem", &torus::SharedTensorArena::fileProblem, py::arg("target"),
+             py::arg("file_bytes"), py::arg("segment_bytes"),
+             "What it finds wrong with the file behind the fd a peer named (test_shared_tensors.py).");
 }

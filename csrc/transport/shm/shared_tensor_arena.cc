@@ -90,6 +90,30 @@ std::optional<SharedTensorArena::Segment> SharedTensorArena::segmentHolding(uint
   return segment;
 }
 
+std::string SharedTensorArena::claimProblem(uint64_t address, uint64_t nbytes, uint64_t segmentBase,
+                                            uint64_t segmentBytes) {
+  const uint64_t end = address + nbytes;
+  const uint64_t segmentEnd = segmentBase + segmentBytes;
+  const bool wraps = end < address || segmentEnd < segmentBase;
+  if (!wraps && address >= segmentBase && end <= segmentEnd) {
+    return {};
+  }
+  return "posted " + std::to_string(nbytes) + " bytes at " + std::to_string(address) +
+         ", outside the shared tensor segment it named (" + std::to_string(segmentBytes) + " bytes at " +
+         std::to_string(segmentBase) + ")";
+}
+
+std::string SharedTensorArena::fileProblem(const std::string& target, uint64_t fileBytes, uint64_t segmentBytes) {
+  if (target.rfind(std::string("/memfd:") + kName, 0) != 0) {
+    return "named as a shared tensor segment an fd that is " + target;
+  }
+  if (fileBytes != segmentBytes) {
+    return "named a shared tensor segment of " + std::to_string(segmentBytes) + " bytes whose file holds " +
+           std::to_string(fileBytes);
+  }
+  return {};
+}
+
 size_t SharedTensorArena::segments() const {
   std::lock_guard<std::mutex> lock(mutex_);
   return live_.size() + free_.size();

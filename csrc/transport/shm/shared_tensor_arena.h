@@ -25,6 +25,7 @@
 #include <map>
 #include <mutex>
 #include <optional>
+#include <string>
 
 namespace torus {
 
@@ -52,6 +53,12 @@ class SharedTensorArena {
   void release(void* data);
   // The live segment that holds [address, address + nbytes) of this process, if any.
   std::optional<Segment> segmentHolding(uint64_t address, size_t nbytes) const;
+  // What is wrong with a peer's posting that puts its buffer [address, address + nbytes) in its
+  // segment of segmentBytes at segmentBase; empty when nothing is.
+  static std::string claimProblem(uint64_t address, uint64_t nbytes, uint64_t segmentBase, uint64_t segmentBytes);
+  // What is wrong with the file behind the fd the peer named (`target`: its /proc link; fileBytes:
+  // its size) as a segment of segmentBytes; empty when nothing is.
+  static std::string fileProblem(const std::string& target, uint64_t fileBytes, uint64_t segmentBytes);
   // Segments created and segments kept free, for tests.
   size_t segments() const;
   size_t freeSegments() const;

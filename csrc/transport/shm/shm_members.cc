@@ -53,7 +53,7 @@ class ShmTransport::Members : public SharedMemory {
   }
 
   void post(const Posting& posting) override {
-    Posting withSegment = posting;
+    Posting withSegment{posting.epoch, posting.address, posting.nbytes, posting.tag, posting.call};
     if (auto segment = SharedTensorArena::instance().segmentHolding(posting.address, posting.nbytes)) {
       withSegment.segmentFd = segment->fd;
       withSegment.segmentBase = segment->base;

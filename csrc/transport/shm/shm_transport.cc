@@ -1,5 +1,4 @@
 #include "transport/shm/shm_transport.h"
-#include "transport/shm/shared_tensor_arena.h"
 
 #include <fcntl.h>
 #include <linux/futex.h>
@@ -18,6 +17,8 @@
 #include <cstring>
 #include <sstream>
 #include <thread>
+
+#include "transport/shm/shared_tensor_arena.h"
 
 namespace torus {
 
@@ -690,51 +691,39 @@ SharedMemory::Posting ShmTransport::waitPosted(int peer, uint64_t pairEpoch, con
 
 char* ShmTransport::mapPostedBuffer(int rank, const SharedMemory::Posting& posting) {
   Peer& peer = *peers_[rank];
-  const std::string who = "rank " + std::to_string(rank);
-  const uint64_t end = posting.address + posting.nbytes;
-  if (posting.address < posting.segmentBase || end < posting.address ||
-      end > posting.segmentBase + posting.segmentBytes || posting.segmentBase + posting.segmentBytes < posting.segmentBase) {
-    throw CommError(CommError::Kind::kPeer, who + " posted " + std::to_string(posting.nbytes) + " bytes at " +
-                                                std::to_string(posting.address) + ", outside the shared tensor segment it "
-                                                "named (" + std::to_string(posting.segmentBytes) + " bytes at " +
-                                                std::to_string(posting.segmentBase) + ")");
+  const auto fail = [rank](const std::string& problem) {
+    throw CommError(CommError::Kind::kPeer, "rank " + std::to_string(rank) + " " + problem);
+  };
+  std::string problem =
+      SharedTensorArena::claimProblem(posting.address, posting.nbytes, posting.segmentBase, posting.segmentBytes);
+  if (!problem.empty()) {
+    fail(problem);
   }
   auto known = peer.tensorSegments.find(posting.segmentFd);
   if (known == peer.tensorSegments.end()) {
     const std::string path = "/proc/" + std::to_string(peer.pid) + "/fd/" + std::to_string(posting.segmentFd);
-    char target[64] = {};
-    const ssize_t length = ::readlink(path.c_str(), target, sizeof(target) - 1);
-    const std::string expected = std::string("/memfd:") + SharedTensorArena::kName;
-    if (length < 0) {
-      return nullptr; // the kernel will not show it: copy through the kernel instead
-    }
-    if (std::string(target, static_cast<size_t>(length)).rfind(expected, 0) != 0) {
-      throw CommError(CommError::Kind::kPeer, who + " named fd " + std::to_string(posting.segmentFd) +
-                                                  " as a shared tensor segment, but it is " + target);
-    }
-    const int fd = ::open(path.c_str(), O_RDWR | O_CLOEXEC);
+    char target[256];
+    const ssize_t length = ::readlink(path.c_str(), target, sizeof(target));
+    const int fd = length < 0 ? -1 : ::open(path.c_str(), O_RDWR | O_CLOEXEC);
     if (fd < 0) {
-      return nullptr;
+      return nullptr; // the kernel will not let this process open it: copy through the kernel instead
     }
     struct stat st {};
+    const uint64_t fileBytes = ::fstat(fd, &st) == 0 ? static_cast<uint64_t>(st.st_size) : 0;
+    problem = SharedTensorArena::fileProblem(std::string(target, static_cast<size_t>(length)), fileBytes,
+                                             posting.segmentBytes);
     void* at = MAP_FAILED;
-    const bool sized = ::fstat(fd, &st) == 0 && static_cast<uint64_t>(st.st_size) == posting.segmentBytes;
-    if (sized) {
+    if (problem.empty()) {
       at = ::mmap(nullptr, posting.segmentBytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
-      if (at != MAP_FAILED) {
-        ::madvise(at, posting.segmentBytes, MADV_HUGEPAGE); // as its owner asked (SharedTensorArena)
-      }
     }
     ::close(fd);
-    if (!sized) {
-      throw CommError(CommError::Kind::kPeer, who + " named a shared tensor segment of " +
-                                                  std::to_string(posting.segmentBytes) + " bytes; its fd " +
-                                                  std::to_string(posting.segmentFd) + " holds " +
-                                                  std::to_string(st.st_size));
+    if (!problem.empty()) {
+      fail(problem);
     }
     if (at == MAP_FAILED) {
       return nullptr;
     }
+    ::madvise(at, posting.segmentBytes, MADV_HUGEPAGE); // as its owner asked (SharedTensorArena)
     known = peer.tensorSegments
                 .emplace(posting.segmentFd,
                          Peer::TensorSegment{static_cast<char*>(at), posting.segmentBase, posting.segmentBytes})
@@ -742,8 +731,8 @@ char* ShmTransport::mapPostedBuffer(int rank, const SharedMemory::Posting& posti
   }
   const Peer::TensorSegment& segment = known->second;
   if (segment.base != posting.segmentBase || segment.bytes != posting.segmentBytes) {
-    throw CommError(CommError::Kind::kPeer, who + " named its shared tensor segment at fd " +
-                                                std::to_string(posting.segmentFd) + " with another place or size than before");
+    fail("named its shared tensor segment at fd " + std::to_string(posting.segmentFd) +
+         " with another place or size than before");
   }
   return segment.local + (posting.address - segment.base);
 }
