@@ -203,7 +203,7 @@ def test_bench_on_one_cpu_host_reports_the_memory_bound_as_a_share_of_each_time(
     from torch_torus.bench.memory_bound import HostMemory
 
     args = parse_args(["--backends", "gloo;mpi"])
-    args.host_memory = HostMemory(gbps=20.0, nbytes=64 << 20, processes=2, rounds=5, copies=4, plain_gbps=12.5,
+    args.host_memory = HostMemory(nbytes=64 << 20, processes=2, rounds=5, copies=4, plain_gbps=12.5,
                                   streaming_gbps=20.0)
     lines, document = _report(args, tmp_path)
     text = "\n".join(lines)

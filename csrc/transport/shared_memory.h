@@ -1,8 +1,9 @@
 // SharedMemory: what ranks that map each other's memory offer collectives beyond messages —
 // announcements ("postings") that peers read directly, one-shot slots, and single copies
 // between the processes' own buffers, or plain loads and stores where a peer's buffer lies in
-// memory this rank maps (SharedTensorArena). A Comm offers it (Comm::sharedMemory()) when its transport
-// reaches every one of its ranks through shared memory; the ranks here are the Comm's, 0..n-1.
+// memory this rank maps (SharedTensorArena). A Comm offers it (Comm::sharedMemory()) when its
+// transport reaches every one of its ranks through shared memory; the ranks here are the Comm's,
+// 0..n-1.
 //
 // A collective on shared memory, on every member in the same order: beginCollective(), post()
 // this rank's posting and waitPosted() for every peer's, then slots or single copies, and, where

@@ -114,14 +114,4 @@ std::string SharedTensorArena::fileProblem(const std::string& target, uint64_t f
   return {};
 }
 
-size_t SharedTensorArena::segments() const {
-  std::lock_guard<std::mutex> lock(mutex_);
-  return live_.size() + free_.size();
-}
-
-size_t SharedTensorArena::freeSegments() const {
-  std::lock_guard<std::mutex> lock(mutex_);
-  return free_.size();
-}
-
 } // namespace torus
