@@ -26,12 +26,15 @@ OP_NAMES = {"SUM": "sum", "AVG": "avg", "PRODUCT": "product", "MIN": "min", "MAX
 
 def _case_sync_call_completes_here(ctx, inline_bytes):
     """A sync call (opts.asyncOp False) under the threshold returns a completed Work; above it,
-    or with asyncOp True, the Work comes from the worker and is right once waited for."""
+    or with asyncOp True, the Work comes from the worker and is right once waited for. No
+    threshold (the default, max): a sync call of 4 MiB returns completed too."""
     from torch.distributed.distributed_c10d import _get_default_group
 
     problems = []
     group = _get_default_group()
-    for numel, async_op in ((1000, False), (inline_bytes // 4 + 1, False), (1000, True)):
+    above = (4 << 20) // 4 + 1 if inline_bytes is None else inline_bytes // 4 + 1
+    inline_bytes = 1 << 64 if inline_bytes is None else inline_bytes
+    for numel, async_op in ((1000, False), (above, False), (1000, True)):
         inputs = gen_all(("inline", numel, async_op), ctx.world_size, (numel,), "float32")
         t = inputs[ctx.rank].clone()
         opts = dist.AllreduceOptions()
@@ -52,6 +55,12 @@ def test_sync_call_runs_on_the_calling_thread(backend, world_size):
     torus_only(backend)
     harness.check(backend, world_size, _case_sync_call_completes_here, 65536,
                   env={"TORUS_INLINE_BYTES": "64K"})
+
+
+@pytest.mark.parametrize("world_size", [2, 4], ids=lambda w: f"ws{w}")
+def test_sync_call_of_any_size_runs_on_the_calling_thread_by_default(backend, world_size):
+    torus_only(backend)
+    harness.check(backend, world_size, _case_sync_call_completes_here, None)
 
 
 def _case_order_with_queued_work(ctx, use_op):

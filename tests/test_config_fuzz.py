@@ -97,7 +97,7 @@ GOOD: dict[str, list[str]] = {
     "TORUS_CHUNK_BYTES": ["512K", "4096", "1M", "1m", "64KiB", "2g", "1 K", " 8192 ", "1024G", "1"],
     "TORUS_EAGER_BYTES": ["512K", "0", "1", "64KiB", " 1M ", "1024G"],
     "TORUS_EAGER_WINDOW": ["4M", "0", "64K", "1g", " 8192 "],
-    "TORUS_INLINE_BYTES": ["1M", "0", "64K", "1g", " 8192 "],
+    "TORUS_INLINE_BYTES": ["1M", "0", "64K", "1g", " 8192 ", "max", " MAX "],
     "TORUS_SOCKET_IFNAME": ["", " "] + (["lo"] if "lo" in IFNAMES else []),
     "TORUS_TUNING_FILE": [""],  # a real file is added by the tuning_file fixture
     "TORUS_LINK_BANDWIDTH": ["10gbit", "1Gbit/s", "300mbit", "1.5gbit", " 100gbit ", "25gbitps", "800kbit",

@@ -104,6 +104,15 @@ def _render_rma_bytes(value: int) -> str:
     return "auto" if value < 0 else _render_size(value)
 
 
+def _inline_bytes(text: str) -> int:
+    """TORUS_INLINE_BYTES: a size, or max (any size)."""
+    return MAX_BYTES if str(text).strip().lower() == "max" else _byte_count(text)
+
+
+def _render_inline_bytes(value: int) -> str:
+    return "max" if value == MAX_BYTES else _render_size(value)
+
+
 def _interface_name(text: str) -> str:
     name = str(text).strip()
     names = [n for _, n in socket.if_nameindex()]
@@ -352,13 +361,13 @@ SETTINGS: tuple[Setting, ...] = (
     ),
     Setting(
         "TORUS_INLINE_BYTES",
-        _render_size(DEFAULT_INLINE_BYTES),
-        _byte_count,
+        _render_inline_bytes(DEFAULT_INLINE_BYTES),
+        _inline_bytes,
         "Largest collective (bytes of its tensors) that runs on the calling thread when the caller "
         "waits for it at once (async_op=False) and none of the group's collectives is queued or "
-        "running: no hand-off to the group's worker thread and back. Larger ones, async_op=True and "
-        "CUDA tensors go through the worker. 0: every collective does.",
-        _render_size,
+        "running: no hand-off to the group's worker thread and back. max: any size. Larger ones, "
+        "async_op=True and CUDA tensors go through the worker. 0: every collective does.",
+        _render_inline_bytes,
         shared=False,
     ),
     Setting(
