@@ -31,6 +31,7 @@ import torch.distributed as dist
 from mpi4py import MPI
 
 import torch_torus  # noqa: F401 (registers the backend and torch.ops.torus)
+from op_floor import best_microseconds  # this directory is on the path when run as a script
 
 
 def busy(seconds: float) -> None:
@@ -39,14 +40,8 @@ def busy(seconds: float) -> None:
         pass
 
 
-def best_seconds(call, calls: int = 20000, rounds: int = 5) -> float:
-    best = float("inf")
-    for _ in range(rounds):
-        start = time.perf_counter()
-        for _ in range(calls):
-            call()
-        best = min(best, (time.perf_counter() - start) / calls)
-    return best
+def best_seconds(call) -> float:
+    return best_microseconds(call) / 1e6
 
 
 def layer_costs(tensor: torch.Tensor) -> tuple[float, float]:
