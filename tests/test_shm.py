@@ -122,6 +122,34 @@ def test_mismatched_sizes_name_both_sides(algorithm):
     harness.conclude(harness.problems(results), None, f"{SHM} mismatch")
 
 
+# ------------------------------------------------------------------------------ waiting
+
+
+@pytest.mark.parametrize("ranks, cores, caller_waits, keeps", [
+    (1, 1, True, True), (2, 2, True, True), (2, 16, True, True), (3, 2, True, False), (8, 2, True, False),
+    (2, 2, False, False), (8, 2, False, False)])
+def test_a_wait_keeps_its_core_only_on_the_calling_thread_with_a_core_per_rank(testing_module, ranks, cores,
+                                                                              caller_waits, keeps):
+    """A shm wait pauses in place only while its thread runs its caller's collective and the
+    host's ranks have a core each; otherwise every look yields (SpinWait)."""
+    assert testing_module.spin_wait_keeps_core(ranks, cores, caller_waits) is keeps
+
+
+def test_calling_thread_scopes_nest(testing_module):
+    assert testing_module.spin_wait_scopes() == [False, True, True, True, False]
+
+
+def test_usable_cores_follow_the_affinity_mask(testing_module):
+    """The cores a rank counts are its affinity mask's, as a launcher's binding sets it."""
+    mask = os.sched_getaffinity(0)
+    assert testing_module.usable_cores() == len(mask)
+    try:
+        os.sched_setaffinity(0, {max(mask)})
+        assert testing_module.usable_cores() == 1
+    finally:
+        os.sched_setaffinity(0, mask)
+
+
 # ------------------------------------------------------------------------------ subset Comms
 
 

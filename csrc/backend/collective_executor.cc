@@ -5,6 +5,7 @@
 #include "backend/callback_scope.h"
 #include "backend/log.h"
 #include "backend/tensor_checks.h"
+#include "transport/spin_wait.h"
 
 namespace torus {
 
@@ -63,7 +64,10 @@ c10::intrusive_ptr<c10d::Work> CollectiveExecutor::enqueue(const CallDescription
       throw;
     }
     Job job{work, 0, place, title, timeout, signatureOf(call), std::move(body), nullptr, nullptr, recordId, true};
-    execute(job);
+    {
+      SpinWait::CallerWaits callerWaits;
+      execute(job);
+    }
     releaseCallingThread();
     return work;
   }
@@ -104,7 +108,15 @@ bool CollectiveExecutor::runHereIfIdle(const CallDescription& call, std::chrono:
   if (nested) {
     drainThrough(place, nullptr);
   }
-  std::exception_ptr error = attempt(job);
+  std::exception_ptr error;
+  {
+    // Nested, it runs on the worker inside callbacks, whose waits yield.
+    std::optional<SpinWait::CallerWaits> callerWaits;
+    if (!nested) {
+      callerWaits.emplace();
+    }
+    error = attempt(job);
+  }
   recorder_->finished(job.recordId, error ? describeException(error) : std::string());
   if (nested) {
     ranInCallbacks();

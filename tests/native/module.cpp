@@ -11,6 +11,7 @@
 #endif
 #include "transport/hmac.h"
 #include "transport/shm/shared_tensor_arena.h"
+#include "transport/spin_wait.h"
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, module) {
   torus::defineSubsetComms(module);
@@ -32,4 +33,37 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, module) {
   module.def("shared_tensor_file_problem", &torus::SharedTensorArena::fileProblem, py::arg("target"),
              py::arg("file_bytes"), py::arg("segment_bytes"),
              "What it finds wrong with the file behind the fd a peer named (test_shared_tensors.py).");
+  module.def(
+      "spin_wait_keeps_core",
+      [](int ranksHere, int coresHere, bool callerWaits) {
+        const torus::SpinWait spin(ranksHere, coresHere);
+        if (!callerWaits) {
+          return spin.keepsCore();
+        }
+        const torus::SpinWait::CallerWaits scope;
+        return spin.keepsCore();
+      },
+      py::arg("ranks_here"), py::arg("cores_here"), py::arg("caller_waits"),
+      "Whether a shm wait's look pauses in place rather than yields (test_shm.py).");
+  module.def(
+      "spin_wait_scopes",
+      [] {
+        const torus::SpinWait spin(1, 1);
+        std::vector<bool> seen{spin.keepsCore()};
+        {
+          const torus::SpinWait::CallerWaits outer;
+          seen.push_back(spin.keepsCore());
+          {
+            const torus::SpinWait::CallerWaits inner;
+            seen.push_back(spin.keepsCore());
+          }
+          seen.push_back(spin.keepsCore());
+        }
+        seen.push_back(spin.keepsCore());
+        return seen;
+      },
+      "keepsCore() before, inside two nested CallerWaits scopes, between and after them (test_shm.py).");
+  module.def(
+      "usable_cores", [] { return torus::SpinWait::count(torus::SpinWait::usableCores()); },
+      "How many cores SpinWait finds this process may run on (test_shm.py).");
 }

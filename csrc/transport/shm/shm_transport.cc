@@ -28,7 +28,8 @@ constexpr uint64_t kSegmentMagic = 0x746f7275732d7368; // "torus-sh"
 constexpr size_t kLine = 64;
 // The longest a wait sleeps before it checks that its peers are alive.
 constexpr auto kLivenessPeriod = std::chrono::milliseconds(100);
-// How long a wait for peers yields the core between looks before it sleeps on the doorbell.
+// How long a wait for peers spins (SpinWait: pausing, or yielding the core where ranks outnumber
+// cores) before it sleeps on the doorbell.
 // Longer than kSpinBeforeSleep: against 50 and 500 µs, pause-spinning first and sleeping at once,
 // 200 µs was as fast or faster at 2, 4 and 8 ranks on 2 cores (BENCHMARKS.md, "Waiting on
 // shared memory").
@@ -50,6 +51,8 @@ struct alignas(kLine) SharedPosting {
 struct ControlBlock {
   uint64_t magic;
   int32_t pid;
+  // The cores the owner may run on (its affinity mask when it connected).
+  uint64_t cores[SpinWait::kCoreWords];
   // Set when the owner destroys its transport: its exit afterwards is a departure, not a death.
   std::atomic<uint32_t> left;
   // Set when the owner gives up on the group (abort()); faultText says why.
@@ -411,6 +414,8 @@ void ShmTransport::connectAll(Rendezvous& rendezvous, const std::vector<int>& me
   self_->groupSize = size();
   self_->control()->magic = kSegmentMagic;
   self_->control()->pid = static_cast<int32_t>(::getpid());
+  SpinWait::CoreSet cores = SpinWait::usableCores();
+  std::copy(cores.begin(), cores.end(), self_->control()->cores);
   std::ostringstream mine;
   mine << ::getpid() << ' ' << fd << ' ' << bytes << ' ' << reinterpret_cast<uintptr_t>(base);
   rendezvous.set("shm/" + std::to_string(rank()), mine.str());
@@ -448,6 +453,9 @@ void ShmTransport::connectAll(Rendezvous& rendezvous, const std::vector<int>& me
       throw CommError(CommError::Kind::kPeer, "torus: rank " + std::to_string(r) + "'s shared memory is not a torus "
                                               "segment");
     }
+    for (size_t word = 0; word < cores.size(); ++word) {
+      cores[word] |= peer->segment.control()->cores[word];
+    }
     peer->pidfd = static_cast<int>(::syscall(SYS_pidfd_open, peer->pid, 0));
     // Can this process read the peer's memory directly? Probe with the peer's magic number.
     uint64_t probe = 0;
@@ -455,6 +463,7 @@ void ShmTransport::connectAll(Rendezvous& rendezvous, const std::vector<int>& me
                probe == kSegmentMagic;
     peers_[r] = std::move(peer);
   }
+  spin_ = SpinWait(static_cast<int>(members.size()), SpinWait::count(cores));
   // Every rank has mapped every segment once all have published this key, so the fds (the only
   // handles left besides the mappings) can close.
   rendezvous.set("shm/ready/" + std::to_string(rank()), readsAll ? "1" : "0");
@@ -628,7 +637,7 @@ void ShmTransport::waitUntil(Ready ready, Deadline deadline, const std::function
     if (ready()) {
       return;
     }
-    std::this_thread::yield();
+    spin_.relax();
   }
   ControlBlock* control = self_->control();
   for (;;) {

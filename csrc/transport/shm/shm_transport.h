@@ -42,6 +42,7 @@
 #include "transport/rendezvous.h"
 #include "transport/shared_memory.h"
 #include "transport/shm/huge_page_backing.h"
+#include "transport/spin_wait.h"
 
 namespace torus {
 
@@ -125,6 +126,9 @@ class ShmTransport : public MessageTransport {
   // Waits for one more delivery from each of `peers` than earlier calls waited for.
   void waitDeliveries(const std::vector<int>& peers, Deadline deadline);
 
+  // What a wait does between looks: pause, or yield where this host's ranks outnumber the cores
+  // they may run on together (set once connected).
+  SpinWait spin_;
   std::unique_ptr<Segment> self_;
   std::vector<std::unique_ptr<Peer>> peers_; // indexed by rank; null for self
   bool singleCopy_ = false;
