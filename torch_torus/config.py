@@ -106,7 +106,7 @@ def _render_rma_bytes(value: int) -> str:
 
 def _inline_bytes(text: str) -> int:
     """TORUS_INLINE_BYTES: a size, or max (any size)."""
-    return MAX_BYTES if str(text).strip().lower() == "max" else _byte_count(text)
+    return _size_bound(str(text), True, MAX_CHUNK_BYTES)
 
 
 def _render_inline_bytes(value: int) -> str:
@@ -150,11 +150,12 @@ class Rule:
         return f"{self.algorithm}:{self.lo}-{'max' if self.hi == MAX_BYTES else self.hi}"
 
 
-def _size_bound(text: str, allow_max: bool) -> int:
+def _size_bound(text: str, allow_max: bool, limit: int = MAX_BYTES) -> int:
+    """A byte count up to `limit`, or (`allow_max`) 'max': no bound."""
     text = text.strip()
     if allow_max and text.lower() == "max":
         return MAX_BYTES
-    return parse_size(text, MAX_BYTES)
+    return parse_size(text, limit)
 
 
 def parse_rules(text: str, collective: str) -> tuple[Rule, ...]:

@@ -110,11 +110,8 @@ bool CollectiveExecutor::runHereIfIdle(const CallDescription& call, std::chrono:
   }
   std::exception_ptr error;
   {
-    // Nested, it runs on the worker inside callbacks, whose waits yield.
-    std::optional<SpinWait::CallerWaits> callerWaits;
-    if (!nested) {
-      callerWaits.emplace();
-    }
+    // Nested, it runs inside callbacks, on the worker, whose waits yield.
+    SpinWait::CallerWaits callerWaits(!nested);
     error = attempt(job);
   }
   recorder_->finished(job.recordId, error ? describeException(error) : std::string());

@@ -14,10 +14,6 @@
 
 #include <sched.h>
 
-#include <array>
-#include <bitset>
-#include <cstdint>
-#include <cstring>
 #include <thread>
 
 #if defined(__x86_64__) || defined(__i386__)
@@ -28,10 +24,6 @@ namespace torus {
 
 class SpinWait {
  public:
-  static constexpr size_t kCoreWords = CPU_SETSIZE / 64;
-  // Cores as a bit set, core c at bit c % 64 of word c / 64.
-  using CoreSet = std::array<uint64_t, kCoreWords>;
-
   // Yields at every look: the choice until the ranks' cores are known.
   SpinWait() = default;
   // `ranksHere`: the group's ranks on this host, this one included; `coresHere`: the cores they
@@ -56,11 +48,11 @@ class SpinWait {
   }
 
   // While alive, this thread runs a collective its caller waits for, and its waits may keep the
-  // core.
+  // core. `callerWaits` false leaves the thread as it was.
   class CallerWaits {
    public:
-    CallerWaits() : prior_(callerWaits_) {
-      callerWaits_ = true;
+    explicit CallerWaits(bool callerWaits = true) : prior_(callerWaits_) {
+      callerWaits_ = prior_ || callerWaits;
     }
     ~CallerWaits() {
       callerWaits_ = prior_;
@@ -74,25 +66,14 @@ class SpinWait {
 
   // The cores this process may run on (its affinity mask: taskset, a launcher's binding, cgroups'
   // cpusets); core 0 alone when the kernel will not say.
-  static CoreSet usableCores() {
-    static_assert(sizeof(cpu_set_t) == sizeof(CoreSet), "cpu_set_t is CPU_SETSIZE bits");
-    cpu_set_t set;
-    CPU_ZERO(&set);
-    CoreSet cores{};
-    if (sched_getaffinity(0, sizeof(set), &set) != 0) {
-      cores[0] = 1;
-      return cores;
+  static cpu_set_t usableCores() {
+    cpu_set_t cores;
+    CPU_ZERO(&cores);
+    if (sched_getaffinity(0, sizeof(cores), &cores) != 0) {
+      CPU_ZERO(&cores);
+      CPU_SET(0, &cores);
     }
-    std::memcpy(cores.data(), &set, sizeof(set));
     return cores;
-  }
-
-  static int count(const CoreSet& cores) {
-    int n = 0;
-    for (uint64_t word : cores) {
-      n += static_cast<int>(std::bitset<64>(word).count());
-    }
-    return n;
   }
 
  private:

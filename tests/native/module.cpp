@@ -37,10 +37,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, module) {
       "spin_wait_keeps_core",
       [](int ranksHere, int coresHere, bool callerWaits) {
         const torus::SpinWait spin(ranksHere, coresHere);
-        if (!callerWaits) {
-          return spin.keepsCore();
-        }
-        const torus::SpinWait::CallerWaits scope;
+        const torus::SpinWait::CallerWaits scope(callerWaits);
         return spin.keepsCore();
       },
       py::arg("ranks_here"), py::arg("cores_here"), py::arg("caller_waits"),
@@ -64,6 +61,10 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, module) {
       },
       "keepsCore() before, inside two nested CallerWaits scopes, between and after them (test_shm.py).");
   module.def(
-      "usable_cores", [] { return torus::SpinWait::count(torus::SpinWait::usableCores()); },
+      "usable_cores",
+      [] {
+        const cpu_set_t cores = torus::SpinWait::usableCores();
+        return CPU_COUNT(&cores);
+      },
       "How many cores SpinWait finds this process may run on (test_shm.py).");
 }

@@ -52,7 +52,7 @@ struct ControlBlock {
   uint64_t magic;
   int32_t pid;
   // The cores the owner may run on (its affinity mask when it connected).
-  uint64_t cores[SpinWait::kCoreWords];
+  cpu_set_t cores;
   // Set when the owner destroys its transport: its exit afterwards is a departure, not a death.
   std::atomic<uint32_t> left;
   // Set when the owner gives up on the group (abort()); faultText says why.
@@ -414,8 +414,8 @@ void ShmTransport::connectAll(Rendezvous& rendezvous, const std::vector<int>& me
   self_->groupSize = size();
   self_->control()->magic = kSegmentMagic;
   self_->control()->pid = static_cast<int32_t>(::getpid());
-  SpinWait::CoreSet cores = SpinWait::usableCores();
-  std::copy(cores.begin(), cores.end(), self_->control()->cores);
+  cpu_set_t cores = SpinWait::usableCores();
+  self_->control()->cores = cores;
   std::ostringstream mine;
   mine << ::getpid() << ' ' << fd << ' ' << bytes << ' ' << reinterpret_cast<uintptr_t>(base);
   rendezvous.set("shm/" + std::to_string(rank()), mine.str());
@@ -453,9 +453,8 @@ void ShmTransport::connectAll(Rendezvous& rendezvous, const std::vector<int>& me
       throw CommError(CommError::Kind::kPeer, "torus: rank " + std::to_string(r) + "'s shared memory is not a torus "
                                               "segment");
     }
-    for (size_t word = 0; word < cores.size(); ++word) {
-      cores[word] |= peer->segment.control()->cores[word];
-    }
+    const cpu_set_t theirCores = peer->segment.control()->cores;
+    CPU_OR(&cores, &cores, &theirCores);
     peer->pidfd = static_cast<int>(::syscall(SYS_pidfd_open, peer->pid, 0));
     // Can this process read the peer's memory directly? Probe with the peer's magic number.
     uint64_t probe = 0;
@@ -463,7 +462,7 @@ void ShmTransport::connectAll(Rendezvous& rendezvous, const std::vector<int>& me
                probe == kSegmentMagic;
     peers_[r] = std::move(peer);
   }
-  spin_ = SpinWait(static_cast<int>(members.size()), SpinWait::count(cores));
+  spin_ = SpinWait(static_cast<int>(members.size()), CPU_COUNT(&cores));
   // Every rank has mapped every segment once all have published this key, so the fds (the only
   // handles left besides the mappings) can close.
   rendezvous.set("shm/ready/" + std::to_string(rank()), readsAll ? "1" : "0");
