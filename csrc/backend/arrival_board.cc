@@ -17,26 +17,22 @@ constexpr size_t kRanksNamed = 16;
 } // namespace
 
 ArrivalBoard::ArrivalBoard(c10::intrusive_ptr<c10d::Store> store, int rank, int size)
-    : store_(std::move(store)), rank_(rank), size_(size) {
+    : store_(std::move(store)), rank_(rank), size_(size) {}
+
+std::shared_ptr<ArrivalBoard> ArrivalBoard::create(c10::intrusive_ptr<c10d::Store> store, int rank, int size) {
+  std::shared_ptr<ArrivalBoard> board(new ArrivalBoard(std::move(store), rank, size));
   // Every rank's key exists from creation on, so that one batched read finds them all rather
   // than wait for a rank that has published nothing yet.
-  store_->set(keyOf(rank_), std::string("0"));
-  thread_ = std::thread(&ArrivalBoard::run, this);
+  board->store_->set(board->keyOf(rank), std::string("0"));
+  std::thread([board] { board->run(); }).detach();
+  return board;
 }
 
-ArrivalBoard::~ArrivalBoard() {
-  stop();
-}
-
-void ArrivalBoard::stop() {
-  {
-    std::lock_guard<std::mutex> lock(mutex_);
-    stopping_ = true;
-  }
+void ArrivalBoard::stop(std::chrono::milliseconds patience) {
+  std::unique_lock<std::mutex> lock(mutex_);
+  stopping_ = true;
   changed_.notify_all();
-  if (thread_.joinable()) {
-    thread_.join();
-  }
+  changed_.wait_for(lock, patience, [&] { return ended_; });
 }
 
 std::string ArrivalBoard::keyOf(int rank) const {
@@ -95,6 +91,8 @@ void ArrivalBoard::run() {
     wakeAt_ = pending ? publishAt_ : now + kMaxPublishDelay;
     changed_.wait_until(lock, wakeAt_);
   }
+  ended_ = true;
+  changed_.notify_all();
 }
 
 std::string ArrivalBoard::describeMissing(uint64_t seq) const {

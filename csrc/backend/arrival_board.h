@@ -14,17 +14,18 @@
 #include <condition_variable>
 #include <cstdint>
 #include <mutex>
+#include <memory>
 #include <string>
-#include <thread>
 
 #include <torch/csrc/distributed/c10d/Store.hpp>
 
 namespace torus {
 
-class ArrivalBoard {
+class ArrivalBoard : public std::enable_shared_from_this<ArrivalBoard> {
  public:
-  ArrivalBoard(c10::intrusive_ptr<c10d::Store> store, int rank, int size);
-  ~ArrivalBoard();
+  // Publishes this rank's arrival at 0 and starts the thread, which holds the board until it ends
+  // (a thread still in a frozen store's call outlives the group harmlessly).
+  static std::shared_ptr<ArrivalBoard> create(c10::intrusive_ptr<c10d::Store> store, int rank, int size);
   ArrivalBoard(const ArrivalBoard&) = delete;
   ArrivalBoard& operator=(const ArrivalBoard&) = delete;
 
@@ -34,8 +35,9 @@ class ArrivalBoard {
   void left();
   // The collective the worker is in; 0 between collectives.
   uint64_t current() const;
-  // Ends the thread (shutdown, abort); later calls publish nothing. Idempotent.
-  void stop();
+  // Ends the thread (shutdown, abort); later calls publish nothing. Waits for it at most
+  // `patience` (a thread in a store call ends when the call's deadline passes). Idempotent.
+  void stop(std::chrono::milliseconds patience);
   // "rank 2 had not reached #5": the ranks other than this one not seen inside collective `seq`
   // or a later one. Empty when that cannot be told: this rank has not published `seq` yet (then
   // the others, on the same delay, may not have either). When the store does not answer within
@@ -43,6 +45,7 @@ class ArrivalBoard {
   std::string describeMissing(uint64_t seq) const;
 
  private:
+  ArrivalBoard(c10::intrusive_ptr<c10d::Store> store, int rank, int size);
   void run();
   std::string keyOf(int rank) const;
 
@@ -56,7 +59,7 @@ class ArrivalBoard {
   std::chrono::steady_clock::time_point publishAt_;
   std::chrono::steady_clock::time_point wakeAt_{}; // when the thread looks next; the epoch before it first waits
   bool stopping_ = false;
-  std::thread thread_;
+  bool ended_ = false; // the thread ended
 };
 
 } // namespace torus

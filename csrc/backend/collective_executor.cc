@@ -4,6 +4,7 @@
 
 #include "backend/callback_scope.h"
 #include "backend/log.h"
+#include "backend/store_within.h"
 #include "backend/tensor_checks.h"
 #include "transport/spin_wait.h"
 
@@ -415,9 +416,8 @@ void CollectiveExecutor::failRunning(std::exception_ptr raised) {
   // Then diagnose: who never came, from one batched store read under its own deadline. A peer that
   // gave up told only what it knew before its own read, so a rank that has waited here a while
   // reads too (describeMissing asks the store only after this rank published its arrival).
-  const std::string missing =
-      timedOut(raised) || failedBy(raised, CommError::Kind::kPeer) ? arrivals_->describeMissing(running_->seq)
-                                                                   : std::string();
+  const bool diagnose = !aborting_.load() && (timedOut(raised) || failedBy(raised, CommError::Kind::kPeer));
+  const std::string missing = diagnose ? arrivals_->describeMissing(running_->seq) : std::string();
   recorder_->finished(running_->recordId, failureOf(raised, missing, "").text);
   const std::string path = recorder_->dump("collective failed", missing);
   runningFailure_ = failureOf(raised, missing, FlightRecorder::errorNote(path));
@@ -517,8 +517,10 @@ void CollectiveExecutor::stop(bool abortPending) {
   if (stallWatch_.joinable()) {
     stallWatch_.join();
   }
-  arrivals_->stop();
-  dumps_->stop();
+  // An abort waits for neither thread: each ends by itself once its store call's deadline passes.
+  const auto patience = abortPending ? std::chrono::milliseconds(0) : kStoreDeadline;
+  arrivals_->stop(patience);
+  dumps_->stop(patience);
 }
 
 std::string CollectiveExecutor::dumpTrace(const std::string& reason) {

@@ -25,6 +25,7 @@
 #pragma once
 
 #include <array>
+#include <atomic>
 #include <chrono>
 #include <condition_variable>
 #include <deque>
@@ -78,6 +79,10 @@ class CollectiveExecutor {
   uint64_t issued();
   // Ends the worker once the queue is empty; with abortPending, fails queued jobs first.
   void stop(bool abortPending);
+  // The group is being aborted: a failure from now on reads nothing from the store.
+  void markAborting() {
+    aborting_.store(true);
+  }
   // Writes the flight recorder's ring; its path, or empty when it is off.
   std::string dumpTrace(const std::string& reason);
 
@@ -186,6 +191,7 @@ class CollectiveExecutor {
   // Jobs started: only the one runner (busy_, or the worker in callbacks) counts.
   uint64_t started_ = 0;
   bool stopping_ = false;
+  std::atomic<bool> aborting_{false};
   // A job runs, on the worker or a calling thread; the one runner of the group's Comm.
   bool busy_ = false;
   // The worker's last calls by sequence number, to describe a mismatch found a few calls late.

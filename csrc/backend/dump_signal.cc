@@ -10,7 +10,6 @@
 #include <torch/csrc/distributed/c10d/PrefixStore.hpp>
 #include <torch/csrc/distributed/c10d/TCPStore.hpp>
 
-#include "backend/store_within.h"
 
 namespace torus {
 
@@ -135,7 +134,7 @@ DumpSignal::DumpSignal(const c10::intrusive_ptr<c10d::Store>& store, int rank, i
 }
 
 DumpSignal::~DumpSignal() {
-  stop();
+  stop(std::chrono::milliseconds(0));
 }
 
 void DumpSignal::raise(const std::string& why) {
@@ -161,7 +160,7 @@ void DumpSignal::raise(const std::string& why) {
   }).detach();
 }
 
-void DumpSignal::stop() {
+void DumpSignal::stop(std::chrono::milliseconds patience) {
   const std::shared_ptr<Waiter> waiter = std::move(waiter_);
   if (!waiter) {
     return;
@@ -172,14 +171,17 @@ void DumpSignal::stop() {
   }
   waiter->changed.notify_all();
   if (waiter->kind == WaitKind::kBlocking) {
-    // Its wait ends when the key is set; a store that does not answer keeps the thread, not us.
-    callWithin<bool>(kStoreDeadline, [store = store_, key = waiter->key] {
-      store->set(key, kStopWaiting);
-      return true;
-    });
+    // Its wait ends when the key is set; a store that does not answer keeps that thread, not us.
+    std::thread([store = store_, key = waiter->key] {
+      try {
+        store->set(key, kStopWaiting);
+      } catch (const std::exception&) {
+        // The store is gone: so is the waiter's connection, which ends its wait.
+      }
+    }).detach();
   }
   std::unique_lock<std::mutex> lock(waiter->mutex);
-  waiter->changed.wait_for(lock, kStoreDeadline, [&] { return waiter->exited; });
+  waiter->changed.wait_for(lock, patience, [&] { return waiter->exited; });
 }
 
 } // namespace torus

@@ -12,6 +12,8 @@
 // could meet an interpreter that is shutting down: their ranks dump when they fail themselves.
 #pragma once
 
+#include <atomic>
+#include <chrono>
 #include <memory>
 #include <string>
 
@@ -31,8 +33,9 @@ class DumpSignal {
 
   // Asks every other rank to dump, saying `why`; once per group, without waiting for the store.
   void raise(const std::string& why);
-  // Ends the waiter; waits for it at most the store deadline. Idempotent.
-  void stop();
+  // Ends the waiter (its wait is woken by setting its key, on a thread nobody waits for); waits
+  // for it at most `patience`. Idempotent.
+  void stop(std::chrono::milliseconds patience);
 
   struct Waiter;
 

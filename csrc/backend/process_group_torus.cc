@@ -62,7 +62,7 @@ ProcessGroupTorus::ProcessGroupTorus(const c10::intrusive_ptr<c10d::Store>& stor
   dumps_ = std::make_shared<DumpSignal>(store, rank, size, recorder_);
   executor_ = std::make_unique<CollectiveExecutor>(rank, size, groupName_, config_.logLevel, device.stallBound,
                                                    transport_, *comm_,
-                                                   std::make_shared<ArrivalBoard>(store, rank, size), dumps_,
+                                                   ArrivalBoard::create(store, rank, size), dumps_,
                                                    failure_, recorder_);
   direct_ = std::make_unique<DirectRegistration>(groupName_, this);
   if (config_.logLevel >= 1 && rank == 0) {
@@ -150,6 +150,9 @@ void ProcessGroupTorus::shutdown() {
 }
 
 void ProcessGroupTorus::abort() {
+  // Nothing on the way out waits on the store: abort() returns within a bounded time even when
+  // the store froze.
+  executor_->markAborting();
   transport_->abort("the process group was aborted");
   stopExecutor(true);
 }
