@@ -185,3 +185,132 @@ def test_rank_asleep_in_python_dumps_with_its_stack(tmp_path, init):
     assert entry["state"] == "failed" and "rank 1" in entry["error"], entry
     code, text, found = _analyze(directory)
     assert code == 1 and 1 in found["missing"], text
+
+
+def _case_p2p_timeout(ctx, which):
+    """Rank 0's send or receive waits for rank 1, which sleeps in Python: rank 0's times out and
+    dumps, and rank 1 dumps too, asked while it sleeps."""
+    ctx.init_process_group(init="tcp")
+    group = ctx.new_group(timeout=datetime.timedelta(seconds=2))
+    dist.all_reduce(torch.ones(4), group=group)
+    if ctx.rank == 1:
+        _slow_data_loader(7)
+        return None
+    try:
+        if which == "send":
+            dist.send(torch.ones(1 << 22), 1, group=group)  # 16 MiB: waits for its receive
+        else:
+            dist.recv(torch.empty(4), 1, group=group)
+        return f"the {which} without rank 1 returned"
+    except dist.DistBackendError as error:
+        match = re.search(r"python -m torch_torus.trace (\S+)\)", str(error))
+        return {"dir": match.group(1)} if match else f"the {which}'s error names no dump: {error}"
+
+
+@pytest.mark.parametrize("which", ["recv", "send"])
+def test_point_to_point_timeout_dumps_on_both_ranks(tmp_path, which):
+    results = harness.run_job("torus", 2, _case_p2p_timeout, which, env={"TORUS_TRACE_DIR": str(tmp_path)},
+                              timeout=90)
+    assert isinstance(results[0], dict), results
+    directory = results[0]["dir"]
+    assert sorted(os.listdir(directory)) == ["rank0.json", "rank1.json"], os.listdir(directory)
+    mine = json.load(open(os.path.join(directory, "rank0.json")))
+    (entry,) = [e for e in mine["entries"] if e["is_p2p"]]
+    assert entry["state"] == "failed" and entry["error"], entry
+    asleep = json.load(open(os.path.join(directory, "rank1.json")))
+    assert "_slow_data_loader" in (asleep["python_stacks"] or ""), asleep
+
+
+def _case_dumps_at_once(ctx):
+    """Eight threads of each rank dump the same group at once, 20 times each."""
+    import threading
+
+    import torch_torus
+
+    ctx.init_process_group(init="file")
+    group = ctx.new_group()
+    dist.all_reduce(torch.ones(4), group=group)
+    paths, start = [], threading.Barrier(8)
+
+    def dump():
+        start.wait()
+        for _ in range(20):
+            paths.append(torch_torus.dump_trace(group))
+
+    threads = [threading.Thread(target=dump) for _ in range(8)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    return sorted(set(paths))
+
+
+def test_dumps_at_once_leave_one_valid_file(tmp_path):
+    results = harness.run_job("torus", 2, _case_dumps_at_once, env={"TORUS_TRACE_DIR": str(tmp_path)}, timeout=60)
+    for rank, paths in enumerate(results):
+        assert len(paths) == 1 and paths[0].endswith(f"rank{rank}.json"), paths
+        directory = os.path.dirname(paths[0])
+        assert json.load(open(paths[0]))["entries"][0]["profiling_name"].startswith("torus:all_reduce")
+    assert sorted(os.listdir(directory)) == ["rank0.json", "rank1.json"], os.listdir(directory)
+
+
+def _case_dump_where(ctx):
+    import torch_torus
+
+    ctx.init_process_group(init="file")
+    group = ctx.new_group()
+    dist.all_reduce(torch.ones(4), group=group)
+    first = torch_torus.dump_trace(group)
+    if first and ctx.rank == 0:
+        # A link planted where the dump goes: the dump replaces the link and writes nothing through it.
+        victim = os.path.join(os.path.dirname(os.path.dirname(first)), "victim")
+        with open(victim, "w") as f:
+            f.write("keep")
+        os.unlink(first)
+        os.symlink(victim, first)
+        second = torch_torus.dump_trace(group)
+        return {"first": first, "second": second, "victim": open(victim).read(), "link": os.path.islink(first)}
+    return {"first": first}
+
+
+def test_dumps_never_follow_links(tmp_path):
+    (result, _) = harness.run_job("torus", 2, _case_dump_where, env={"TORUS_TRACE_DIR": str(tmp_path / "base")},
+                                  timeout=60)
+    assert result["first"] and result["second"] == result["first"], result
+    assert result["victim"] == "keep" and not result["link"], result
+    assert oct(os.stat(tmp_path / "base").st_mode & 0o777) == "0o700"
+    # A base directory that is a link (planted before the job) is refused: nothing is written through it.
+    target = tmp_path / "target"
+    target.mkdir()
+    os.symlink(target, tmp_path / "planted")
+    results = harness.run_job("torus", 2, _case_dump_where, env={"TORUS_TRACE_DIR": str(tmp_path / "planted")},
+                              timeout=60)
+    assert [r["first"] for r in results] == ["", ""], results
+    assert os.listdir(target) == [], os.listdir(target)
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="making a directory another user's needs root (chown)")
+def test_dumps_refuse_another_users_directory(tmp_path):
+    theirs = tmp_path / "theirs"
+    theirs.mkdir()
+    os.chown(theirs, 65534, 65534)
+    results = harness.run_job("torus", 2, _case_dump_where, env={"TORUS_TRACE_DIR": str(theirs)}, timeout=60)
+    assert [r["first"] for r in results] == ["", ""], results
+    assert os.listdir(theirs) == [], os.listdir(theirs)
+
+
+def _case_planned_endings(ctx, ending):
+    ctx.init_process_group(init="file")
+    group = ctx.new_group()
+    dist.all_reduce(torch.ones(4), group=group)
+    if ending == "abort":
+        group.abort()
+    else:
+        group.shutdown()
+    return None
+
+
+@pytest.mark.parametrize("ending", ["abort", "shutdown"])
+def test_planned_ending_with_nothing_running_writes_no_dump(tmp_path, ending):
+    harness.run_job("torus", 2, _case_planned_endings, ending, env={"TORUS_TRACE_DIR": str(tmp_path)}, timeout=60)
+    assert [name for _, _, files in os.walk(tmp_path) for name in files] == []
