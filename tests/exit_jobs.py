@@ -4,9 +4,10 @@ python tests/exit_jobs.py --transport shm --jobs 20 --scratch DIR
 
 Every rank creates its default group over the transport, runs sync and async all_reduces of 1K and
 3M elements (results checked), prints, and ends as a script does: its interpreter finalizes with the
-group alive. How each job ends cycles through ENDINGS: right after its waited calls; with an async
-3M all_reduce still in flight; with one whose future has a Python callback; with a second group,
-async work in flight on both groups and callbacks on both. A callback checks the value and leaves a
+group alive. How each job ends cycles through ENDINGS (or --endings): right after its waited calls;
+with an async 3M all_reduce still in flight; with one whose future has a Python callback; with a
+second group, async work in flight on both groups and callbacks on both; with a daemon thread inside
+sync all_reduces of 1M elements, back to back, as the main thread calls sys.exit(0). A callback checks the value and leaves a
 file in DIR, so that the work in flight is seen to complete before the process ends.
 
 Starting python and importing torch costs a rank about 2 s of CPU, which 20 jobs over three
@@ -24,6 +25,7 @@ import json
 import os
 import signal
 import sys
+import threading
 import time
 
 import torch
@@ -31,10 +33,10 @@ import torch.distributed as dist
 
 import torch_torus  # noqa: F401  (registers the backend)
 
-ENDINGS = ("waited", "in_flight", "callback", "two_groups")
+ENDINGS = ("waited", "in_flight", "callback", "two_groups", "daemon_thread")
 SMALL, LARGE = 1 << 10, 3 * (1 << 20)
 # What each ending's callbacks leave: one file per group.
-CALLBACKS = {"waited": 0, "in_flight": 0, "callback": 1, "two_groups": 2}
+CALLBACKS = {"waited": 0, "in_flight": 0, "callback": 1, "two_groups": 2, "daemon_thread": 0}
 # What a script holds at its end, as its globals: the tensors, works and futures in flight.
 HELD: list = []
 
@@ -56,6 +58,12 @@ def _leave_mark(path: str, expected: float):
     return mark
 
 
+def _all_reduce_forever() -> None:
+    t = torch.ones(1 << 20)
+    while True:
+        dist.all_reduce(t)
+
+
 def run_job(rank: int, job: int, ending: str, transport: str, scratch: str) -> None:
     os.environ["TORUS_TRANSPORT"] = transport
     dist.init_process_group("torus", init_method=f"file://{scratch}/store.{job}", rank=rank, world_size=2,
@@ -68,6 +76,11 @@ def run_job(rank: int, job: int, ending: str, transport: str, scratch: str) -> N
         t = torch.full((count,), rank + 1.0)
         dist.all_reduce(t, async_op=True).wait()
         _check(t, expected, f"async all_reduce of {count}")
+    if ending == "daemon_thread":
+        threading.Thread(target=_all_reduce_forever, daemon=True).start()
+        time.sleep(0.3)
+        print(f"rank {rank} of job {job}: done ({ending})", flush=True)
+        sys.exit(0)
     # The groups left with work in flight (None: the default group).
     groups = {"waited": [], "in_flight": [None], "callback": [None]}.get(ending)
     if ending == "two_groups":
@@ -110,7 +123,7 @@ def serve(args) -> tuple[int, int, str] | None:
     while pending or running:
         while pending and len(running) < 2 * args.concurrency:
             job = pending.pop(0)
-            ending = ENDINGS[job % len(ENDINGS)]
+            ending = args.endings[job % len(args.endings)]
             for rank in (0, 1):
                 pid = _fork_rank(rank, job, ending, args)
                 if pid == 0:
@@ -125,7 +138,7 @@ def serve(args) -> tuple[int, int, str] | None:
             time.sleep(0.05)
             continue
         job, rank, _ = running.pop(pid)
-        ending = ENDINGS[job % len(ENDINGS)]
+        ending = args.endings[job % len(args.endings)]
         marks = [os.path.exists(f"{args.scratch}/mark.{job}.{rank}.{i}") for i in range(CALLBACKS[ending])]
         code = os.waitstatus_to_exitcode(status)
         print(json.dumps({"job": job, "rank": rank, "ending": ending, "status": code, "callbacks_ran": all(marks),
@@ -141,6 +154,7 @@ def main() -> None:
     parser.add_argument("--concurrency", type=int, default=3, help="jobs running at once")
     parser.add_argument("--job-timeout", type=float, default=60.0)
     parser.add_argument("--scratch", required=True)
+    parser.add_argument("--endings", nargs="+", choices=ENDINGS, default=list(ENDINGS))
     args = parser.parse_args()
     forked = serve(args)
     if forked is not None:

@@ -4,6 +4,7 @@
 
 #include "backend/callback_scope.h"
 #include "backend/log.h"
+#include "backend/process_ending.h"
 #include "backend/store_within.h"
 #include "backend/tensor_checks.h"
 #include "transport/spin_wait.h"
@@ -43,6 +44,7 @@ c10::intrusive_ptr<c10d::Work> CollectiveExecutor::enqueue(const CallDescription
                                                            std::vector<at::Tensor> inputs,
                                                            std::chrono::milliseconds timeout, Body body,
                                                            std::shared_ptr<DeviceCall> device, bool mayRunHere) {
+  PythonCallScope pythonCall;
   const char* title = call.title();
   const auto makeWork = [&] {
     return c10::make_intrusive<TorusWork>(rank_, call.type, title, std::move(outputs), std::move(inputs), label_,
@@ -95,6 +97,7 @@ c10::intrusive_ptr<c10d::Work> CollectiveExecutor::enqueue(const CallDescription
 }
 
 bool CollectiveExecutor::runHereIfIdle(const CallDescription& call, std::chrono::milliseconds timeout, Body& body) {
+  PythonCallScope pythonCall;
   const char* title = call.title();
   std::unique_lock<std::mutex> lock(mutex_);
   TORUS_CHECK(!stopping_, title, " called on a process group that has been shut down or aborted");

@@ -2,6 +2,7 @@
 // batch_isend_irecv makes (startCoalescing, endCoalescing). They bypass the executor: posted
 // straight to the transport, so that a rank's isend and irecv never wait for each other or for
 // queued collectives.
+#include "backend/process_ending.h"
 #include "backend/callback_scope.h"
 #include "backend/process_group_torus.h"
 #include "backend/tensor_checks.h"
@@ -26,6 +27,7 @@ std::string ProcessGroupTorus::p2pContext(const std::string& what, uint64_t numb
 c10::intrusive_ptr<c10d::Work> ProcessGroupTorus::postPointToPoint(c10d::OpType type, const char* title, int peer,
                                                                    int tag, at::Tensor& tensor, const std::string& what,
                                                                    bool batched) {
+  PythonCallScope pythonCall;
   const uint64_t number = ++p2pIssued_;
   const std::string context = p2pContext(what, number);
   failure_->throwIfFailed(context);

@@ -8,6 +8,7 @@
 #include <set>
 
 #include "backend/log.h"
+#include "backend/process_ending.h"
 #include "backend/shared_tensor_allocator.h"
 #include "backend/tensor_checks.h"
 #include "backend/tensor_staging.h"
@@ -98,6 +99,8 @@ void ProcessGroupTorus::shutDownAll() {
     const auto own = std::find_if(live.groups.begin(), live.groups.end(),
                                   [](const ProcessGroupTorus* group) { return group->process_ == ::getpid(); });
     if (own == live.groups.end()) {
+      // From here on Python ends daemon threads that take the GIL: none returns to it from torus.
+      markProcessEnding();
       return;
     }
     ProcessGroupTorus* group = *own;

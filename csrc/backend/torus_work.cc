@@ -5,6 +5,7 @@
 #include <torch/csrc/distributed/c10d/exception.h>
 
 #include "backend/callback_scope.h"
+#include "backend/process_ending.h"
 
 namespace torus {
 
@@ -105,6 +106,7 @@ void TorusWork::settled() {
 }
 
 bool TorusWork::wait(std::chrono::milliseconds timeout) {
+  PythonCallScope pythonCall;
   WaitWatch::Waiting watched(watch_.get(), [this] { return label_->context(title_, getSequencenumber()); }, finishedAt_);
   const auto spinUntil = Clock::now() + kSpinBeforeSleep;
   while (!done_.load(std::memory_order_acquire) && Clock::now() < spinUntil) {
@@ -244,6 +246,7 @@ bool TorusP2PWork::isCompleted() {
 }
 
 bool TorusP2PWork::wait(std::chrono::milliseconds timeout) {
+  PythonCallScope pythonCall;
   if (!settled_) {
     auto limit = timeout == ::kNoTimeout ? timeout_ : timeout;
     try {
@@ -298,6 +301,7 @@ bool TorusBatchWork::isCompleted() {
 }
 
 bool TorusBatchWork::wait(std::chrono::milliseconds timeout) {
+  PythonCallScope pythonCall;
   try {
     for (const auto& work : works_) {
       work->wait(timeout);
