@@ -421,6 +421,20 @@ def test_stuck_rank_shows_its_stack(tmp_path):
         (False, True, "/usr/lib/python3.11/threading.py:327 in wait"), (True, False, "/job/train.py:42 in load_batch")]
 
 
+def test_rank_still_in_a_collective_the_others_passed(tmp_path):
+    """Dumps on request: ranks 0 and 2 completed #3 and are in #4; rank 1 is still in #3."""
+    done = [_entry(1), _entry(2), _entry(3)]
+    _write(tmp_path, _dump(0, 3, done + [_entry(4, state="started", waiting="rank 1 had not reached #4")]),
+           _dump(1, 3, done[:2] + [_entry(3, state="started")], stacks=_stuck_stacks()),
+           _dump(2, 3, done + [_entry(4, state="started", waiting="rank 1 had not reached #4")]))
+    found, text = _analyzed(tmp_path)
+    primary = found["primary"]
+    assert primary["seq"] == 3 and primary["still_in"] == [1] and primary["consequences"] == [4], primary
+    assert found["problems"] == ["collective #3 (torus:all_reduce:ring of [[4]] -> [[4]] Float SUM): rank 1 still in "
+                                 "it when it dumped; later collectives (#4) are its consequences"], found["problems"]
+    assert "rank 1's Python" in text and "/job/train.py:42 in load_batch" in text, text
+
+
 def test_stacks_as_faulthandler_writes_them(tmp_path):
     path = tmp_path / "stacks.txt"
     with open(path, "w") as f:

@@ -158,6 +158,7 @@ def _primary(dumps: dict[int, dict], collectives: dict[int, dict[int, dict]], re
             "never": sorted(r for r in reached if reached[r] < seq),
             "gave_up": [{"rank": r, "state": e["state"], "error": e["error"] or e["waiting_for"]}
                         for r, e in at.items() if seq in gave_up[r]],
+            "still_in": [r for r, e in at.items() if e["state"] == "started" and seq not in gave_up[r]],
             "late": late, "consequences": sorted({s for c in collectives.values() for s in c if s > seq})}
 
 
@@ -181,7 +182,8 @@ def _failed_p2p(dumps: dict[int, dict]) -> list[dict]:
         failed = [e for e in dump["entries"] if e["is_p2p"] and e["state"] == "failed"]
         if failed:
             entry = min(failed, key=lambda e: e["record_id"])
-            found.append({"rank": r, "p2p_seq": entry["p2p_seq_id"], "call": _signature(entry), "error": entry["error"]})
+            found.append({"rank": r, "p2p_seq": entry["p2p_seq_id"], "call": _signature(entry),
+                          "error": entry["error"]})
     return found
 
 
@@ -196,6 +198,9 @@ def _primary_text(p: dict, no_dump: list[int]) -> str:
     if never:
         parts.append(f"{_ranks_text(p['reached'])} reached it; {describe_ranks(never)} never did"
                      + (f" ({describe_ranks(no_dump)} wrote no dump)" if no_dump else ""))
+    if p["still_in"]:
+        parts.append(f"{describe_ranks(p['still_in'])} still in it when {'it' if len(p['still_in']) == 1 else 'they'}"
+                     " dumped")
     for late in p["late"]:
         parts.append(f"rank {late['rank']} came late, {late['after_ms']:.1f} ms after the first rank and "
                      f"{late['after_given_up_ms']:.1f} ms after another had given up on it")
@@ -310,7 +315,8 @@ def report(found: dict) -> str:
     lines += [f"PROBLEM: {p}" for p in found["problems"]] or ["no rank missing, late or failed, no mismatch"]
     primary = found["primary"]
     if primary:
-        for r in sorted(set(primary["never"]) | {late["rank"] for late in primary["late"]}):
+        behind = set(primary["never"]) | set(primary["still_in"]) | {late["rank"] for late in primary["late"]}
+        for r in sorted(behind):
             lines += _stack_lines(r, ranks[r])
     return "\n".join(lines)
 

@@ -136,7 +136,8 @@ def read_dump(path: str, rank: int) -> dict:
         seq = entry["collective_seq_id"]
         if seq and not entry["is_p2p"]:
             if seq in seen:
-                raise DumpError(f"{path}: entries[{i}]: field 'collective_seq_id' is {seq}, as is entries[{seen[seq]}]'s")
+                raise DumpError(f"{path}: entries[{i}]: field 'collective_seq_id' is {seq}, "
+                                f"as is entries[{seen[seq]}]'s")
             seen[seq] = i
     return dump
 
@@ -154,7 +155,8 @@ def load(directory: str) -> dict[int, dict]:
         if match:
             rank = int(match.group(1))
             if str(rank) != match.group(1):
-                raise DumpError(f"{os.path.join(directory, name)}: not a dump's name (rank<r>.json, r without leading zeros)")
+                raise DumpError(f"{os.path.join(directory, name)}: not a dump's name "
+                                "(rank<r>.json, r without leading zeros)")
             dumps[rank] = read_dump(os.path.join(directory, name), rank)
     if not dumps:
         raise DumpError(f"{directory}: no rank<r>.json dumps")
@@ -163,8 +165,8 @@ def load(directory: str) -> dict[int, dict]:
         for rank, dump in sorted(dumps.items()):
             if dump[field] != dumps[first][field]:
                 raise DumpError(f"{os.path.join(directory, f'rank{rank}.json')}: field '{field}' is "
-                                f"{json.dumps(dump[field])}, but rank{first}.json's is {json.dumps(dumps[first][field])}: "
-                                "dumps of different groups in one directory?")
+                                f"{json.dumps(dump[field])}, but rank{first}.json's is "
+                                f"{json.dumps(dumps[first][field])}: dumps of different groups in one directory?")
     return dumps
 
 
@@ -188,7 +190,8 @@ def python_stacks(text: str | None) -> list[dict]:
         if not threads or not line.strip():
             continue
         frame = _FRAME.fullmatch(line)
-        threads[-1]["frames"].append(f"{frame.group(1)}:{frame.group(2)} in {frame.group(3)}" if frame else line.strip())
+        threads[-1]["frames"].append(
+            f"{frame.group(1)}:{frame.group(2)} in {frame.group(3)}" if frame else line.strip())
         threads[-1]["files"].append(frame.group(1) if frame else "")
     for thread in threads:
         files = thread.pop("files")
