@@ -3,9 +3,10 @@
 Each rank's flight recorder (TORUS_TRACE_BUFFER) keeps the group's last collectives and
 point-to-point calls, and writes them to DIR/rank<r>.json when a collective times out or fails,
 when the group is aborted, or on torch_torus.dump_trace(). This reads every rank's file and says
-where each rank is; the primary cause: the earliest collective that some rank never reached or
-failed at, the ranks that never reached it (or wrote no dump) and the ranks that came to it only
-after others had given up (later collectives are its consequences); ranks that ran different
+where each rank is; the primary cause: the earliest collective that some rank gave up on, never
+reached, or was still in while another had gone past it, with the ranks that never reached it (or
+wrote no dump) and the ranks that came to it only after another had given up on it (later
+collectives are its consequences); ranks that ran different
 collectives at one sequence number (both calls: a different collective, algorithm, dtype,
 reduction, root or agreed size, never a shape that differs by design); failed sends and receives;
 and, for a rank behind or late, where its Python was. Exits 0 when it finds nothing, 1 when it
@@ -33,7 +34,8 @@ _LAST = 5
 # Collectives whose element count every rank must agree on: compared where a dump predates
 # agreed_bytes (the runtime's own size, which covers every collective).
 _SAME_SIZE = ("all_reduce", "broadcast", "reduce")
-# The reason torch_torus.dump_trace() gives by default; the recorder's own dumps follow failures.
+# The reason torch_torus.dump_trace() gives by default; the recorder's own dumps (other reasons)
+# are written on a failure, while the failing call is still started.
 _REQUESTED = "requested"
 # The innermost frames shown of a thread.
 _FRAMES = 4
@@ -66,8 +68,8 @@ def _signature(entry: dict) -> str:
 
 def _agreed(entry: dict) -> dict:
     """What every rank's call at one sequence number must share, as the runtime compares it in
-    every message: never the shapes, which differ by design in gather's and scatter's lists and
-    uneven all_gather and all_to_all."""
+    every message: never the shapes, which differ by design (gather's and scatter's lists,
+    all_to_all's splits)."""
     fields = {"call": entry["profiling_name"], "dtype": entry["input_dtypes"][0], "root": entry["root_or_peer"],
               "issuer": entry["issued_by"]}
     if "reduce_op" in entry:
