@@ -7,6 +7,7 @@
 #include "backend/callback_scope.h"
 #include "backend/process_group_torus.h"
 #include "collectives/blocks.h"
+#include "python_stacks.h"
 #include "reduce/streaming_copy.h"
 #include "transport/ofi/ofi_transport.h"
 #include "transport/shared_memory.h"
@@ -44,6 +45,7 @@ PYBIND11_MODULE(_C, module) {
   // c10d's Python types must exist before we derive from them.
   py::module::import("torch.distributed");
   module.attr("built_with_ofi") = torus::ofiBuilt();
+  torus::FlightRecorder::setStackProvider(&torus::pythonStacks);
 
   // The algorithm catalog, for the Python configuration, selection, cost model, tuner and bench.
   module.def("algorithm_catalog", [] {

@@ -1,8 +1,9 @@
 """The flight recorder and its analyzer (issue 40): what a hang or a mismatch leaves behind.
 
 One rank of four stops calling collectives: every other rank's timeout writes its dump, its error
-names the dump, and `python -m torch_torus.trace DIR` names the missing rank and the collective's
-sequence number. Two ranks that issue different collectives: the analyzer shows both signatures.
+names the dump, the rank that stopped dumps too when asked (also while asleep in Python, with its
+threads' stacks, over a FileStore and a TCPStore), and `python -m torch_torus.trace DIR` names the
+missing rank and the collective's sequence number. Two ranks that issue different collectives: the analyzer shows both signatures.
 torch_torus.dump_trace() on request: every call of the group with its sizes, dtype, state and who
 issued it; TORUS_TRACE_BUFFER=0 writes nothing.
 """
@@ -58,14 +59,15 @@ def test_missing_rank_named_by_the_analyzer(tmp_path):
     dirs = {res["dir"] for res in results if isinstance(res, dict)}
     assert len(dirs) == 1 and str(tmp_path) in next(iter(dirs)), dirs
     directory = dirs.pop()
-    assert sorted(os.listdir(directory)) == ["rank0.json", "rank1.json", "rank2.json"]
+    # Rank 3, asleep, dumps too when the others fail.
+    assert sorted(os.listdir(directory)) == ["rank0.json", "rank1.json", "rank2.json", "rank3.json"]
     code, text, found = _analyze(directory)
     assert code == 1, text
     assert found["missing"] == [3] and found["newest"] == 2, found
-    assert "collective #2" in text and "rank 3 never did" in text and "rank 3 wrote no dump" in text, text
+    assert "collective #2" in text and "rank 3" in text and "wrote no dump" not in text, text
     dump = json.load(open(os.path.join(directory, "rank0.json")))
     running = [e for e in dump["entries"] if e["collective_seq_id"] == 2]
-    assert running and running[0]["state"] == "started" and "rank 3" in running[0]["waiting_for"], running
+    assert running and running[0]["state"] == "failed" and "rank 3" in running[0]["error"], running
 
 
 def _case_mismatch(ctx):
@@ -141,3 +143,45 @@ def test_dump_on_request(tmp_path, buffer):
     harness.conclude(harness.problems(harness.run_job(
         "torus", 2, _case_dump_on_request, buffer,
         env={"TORUS_TRACE_DIR": str(tmp_path), "TORUS_TRACE_BUFFER": buffer}, timeout=60)), None, "torus")
+
+
+def _slow_data_loader(seconds):
+    time.sleep(seconds)
+
+
+def _case_rank_asleep_in_python(ctx, init):
+    """Rank 1 sleeps in Python (a slow data loader) while rank 0 times out in an all_reduce: both
+    dump, rank 1's while it still sleeps, with where its Python was."""
+    ctx.init_process_group(init=init)
+    group = ctx.new_group(timeout=datetime.timedelta(seconds=3))
+    dist.all_reduce(torch.ones(4), group=group)
+    if ctx.rank == 1:
+        asleep = time.monotonic()
+        _slow_data_loader(10)
+        return {"slept": time.monotonic() - asleep}
+    try:
+        dist.all_reduce(torch.ones(4), group=group)
+        return "the all_reduce without rank 1 returned"
+    except dist.DistBackendError as error:
+        match = re.search(r"python -m torch_torus.trace (\S+)\)", str(error))
+        return {"dir": match.group(1)} if match else f"no dump named: {error}"
+
+
+@pytest.mark.parametrize("init", ["file", "tcp"])
+def test_rank_asleep_in_python_dumps_with_its_stack(tmp_path, init):
+    results = harness.run_job("torus", 2, _case_rank_asleep_in_python, init,
+                              env={"TORUS_TRACE_DIR": str(tmp_path)}, timeout=90)
+    problems = [f"rank {r}: {res}" for r, res in enumerate(results) if isinstance(res, str)]
+    assert not problems, problems
+    directory = results[0]["dir"]
+    assert sorted(os.listdir(directory)) == ["rank0.json", "rank1.json"], os.listdir(directory)
+    asleep = json.load(open(os.path.join(directory, "rank1.json")))
+    failed = json.load(open(os.path.join(directory, "rank0.json")))
+    # Rank 1 dumped while it slept (10 s), within a few seconds of rank 0's failure.
+    assert asleep["time_dumped_ns"] - failed["time_dumped_ns"] < 5e9, (asleep["time_dumped_ns"], failed["time_dumped_ns"])
+    assert asleep["dump_reason"].startswith("rank 0 failed: "), asleep["dump_reason"]
+    assert "_slow_data_loader" in (asleep["python_stacks"] or ""), asleep["python_stacks"]
+    (entry,) = [e for e in failed["entries"] if e["collective_seq_id"] == 2]
+    assert entry["state"] == "failed" and "rank 1" in entry["error"], entry
+    code, text, found = _analyze(directory)
+    assert code == 1 and 1 in found["missing"], text

@@ -444,8 +444,9 @@ SETTINGS: tuple[Setting, ...] = (
         "",
         _printable("a directory"),
         "Where the flight recorder's dumps go: one directory per group, `<group>-<epoch>`, with one "
-        "`rank<r>.json` per rank; errors name it. Empty: `torus-trace` in the system's temporary "
-        "directory.",
+        "`rank<r>.json` per rank; errors name it. Empty: `torus-trace-<uid>` in the system's "
+        "temporary directory, one per user. The directory and the group's in it are created 0700 and "
+        "must belong to the user; dumps never follow a link.",
         shared=False,
     ),
     Setting(

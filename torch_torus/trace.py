@@ -42,9 +42,9 @@ _FRAMES = 4
 
 
 def trace_directory(base: str, group: str, epoch: str) -> str:
-    """The directory of one group's dumps: TORUS_TRACE_DIR (default: torus-trace in the temporary
-    directory) / <group name>-<epoch>."""
-    base = base or os.path.join(tempfile.gettempdir(), "torus-trace")
+    """The directory of one group's dumps: TORUS_TRACE_DIR (default: torus-trace-<uid> in the
+    temporary directory, one per user) / <group name>-<epoch>."""
+    base = base or os.path.join(tempfile.gettempdir(), f"torus-trace-{os.getuid()}")
     name = re.sub(r"[^A-Za-z0-9_.-]", "_", group) or "group"
     return os.path.join(base, f"{name}-{epoch}")
 

@@ -1,8 +1,11 @@
 #include "backend/arrival_board.h"
 
 #include <algorithm>
+#include <cstdlib>
 #include <sstream>
 #include <vector>
+
+#include "backend/store_within.h"
 
 namespace torus {
 
@@ -14,7 +17,12 @@ constexpr size_t kRanksNamed = 16;
 } // namespace
 
 ArrivalBoard::ArrivalBoard(c10::intrusive_ptr<c10d::Store> store, int rank, int size)
-    : store_(std::move(store)), rank_(rank), size_(size), thread_(&ArrivalBoard::run, this) {}
+    : store_(std::move(store)), rank_(rank), size_(size) {
+  // Every rank's key exists from creation on, so that one batched read finds them all rather
+  // than wait for a rank that has published nothing yet.
+  store_->set(keyOf(rank_), std::string("0"));
+  thread_ = std::thread(&ArrivalBoard::run, this);
+}
 
 ArrivalBoard::~ArrivalBoard() {
   stop();
@@ -70,13 +78,12 @@ void ArrivalBoard::run() {
       const uint64_t seq = current_;
       attempted = seq;
       lock.unlock();
-      bool written = true;
-      try {
-        store_->set(keyOf(rank_), std::to_string(seq));
-      } catch (const std::exception&) {
-        // A store that is gone leaves timeout errors without the missing ranks; nothing else needs it.
-        written = false;
-      }
+      // A store that is gone or frozen leaves timeout errors without the missing ranks; nothing
+      // else needs it, and stop() waits for this thread no longer than the deadline.
+      const bool written = static_cast<bool>(callWithin<bool>(kStoreDeadline, [store = store_, key = keyOf(rank_), seq] {
+        store->set(key, std::to_string(seq));
+        return true;
+      }));
       lock.lock();
       if (written) {
         published_ = seq;
@@ -100,19 +107,33 @@ std::string ArrivalBoard::describeMissing(uint64_t seq) const {
       return {};
     }
   }
-  std::vector<int> missing;
-  try {
-    for (int rank = 0; rank < size_; ++rank) {
-      // add(key, 0) reads a number without blocking: an absent key reads as 0.
-      if (rank != rank_ && static_cast<uint64_t>(store_->add(keyOf(rank), 0)) < seq) {
-        missing.push_back(rank);
-      }
+  // One batched read of every other rank's number, under a deadline of its own.
+  std::vector<std::string> keys;
+  std::vector<int> ranks;
+  for (int rank = 0; rank < size_; ++rank) {
+    if (rank != rank_) {
+      keys.push_back(keyOf(rank));
+      ranks.push_back(rank);
     }
-  } catch (const std::exception&) {
-    return {};
+  }
+  const std::string collective = "#" + std::to_string(seq);
+  auto read = callWithin<std::vector<std::vector<uint8_t>>>(kStoreDeadline,
+                                                           [store = store_, keys] { return store->multiGet(keys); });
+  if (!read || read.value->size() != keys.size()) {
+    return "which ranks had not reached " + collective + " is not known: the group's store " +
+           (read ? std::string("gave a wrong number of values") : read.problem);
+  }
+  std::vector<int> missing;
+  for (size_t i = 0; i < keys.size(); ++i) {
+    const std::string text((*read.value)[i].begin(), (*read.value)[i].end());
+    char* end = nullptr;
+    const unsigned long long reached = std::strtoull(text.c_str(), &end, 10);
+    // A value that is no number is another writer's: that rank is not known to have arrived.
+    if (text.empty() || *end != '\0' || reached < seq) {
+      missing.push_back(ranks[i]);
+    }
   }
   std::ostringstream out;
-  const std::string collective = "#" + std::to_string(seq);
   if (missing.empty()) {
     out << "every rank had reached " << collective;
     return out.str();

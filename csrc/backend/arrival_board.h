@@ -4,8 +4,10 @@
 // that is missing; the neighbour is the wrong rank to blame. So a rank that has been inside
 // collective #N for a while (a quarter of its timeout, at most 250 ms) writes N to the group's
 // store under its rank; a rank that times out in #N (the group's timeout or a Work.wait's) reads
-// every rank's number, and those below N had not reached it. Fast collectives never touch the
-// store: only slow ones pay a store write, small beside a collective that takes 250 ms.
+// every rank's number in one batched read, and those below N had not reached it. Fast
+// collectives never touch the store: only slow ones pay a store write, small beside a collective
+// that takes 250 ms. Every store call here has a deadline of its own (store_within.h): a frozen
+// store delays neither a failure nor stop().
 #pragma once
 
 #include <chrono>
@@ -36,7 +38,8 @@ class ArrivalBoard {
   void stop();
   // "rank 2 had not reached #5": the ranks other than this one not seen inside collective `seq`
   // or a later one. Empty when that cannot be told: this rank has not published `seq` yet (then
-  // the others, on the same delay, may not have either), or the store cannot be read.
+  // the others, on the same delay, may not have either). When the store does not answer within
+  // its deadline, says so.
   std::string describeMissing(uint64_t seq) const;
 
  private:

@@ -12,13 +12,15 @@ namespace torus {
 CollectiveExecutor::CollectiveExecutor(int rank, int size, std::string groupName, int logLevel,
                                        std::chrono::milliseconds stallBound, std::shared_ptr<Transport> transport,
                                        Comm& comm, std::shared_ptr<ArrivalBoard> arrivals,
-                                       std::shared_ptr<GroupFailure> failure, std::shared_ptr<FlightRecorder> recorder)
+                                       std::shared_ptr<DumpSignal> dumps, std::shared_ptr<GroupFailure> failure,
+                                       std::shared_ptr<FlightRecorder> recorder)
     : rank_(rank),
       label_(std::make_shared<const GroupLabel>(GroupLabel{rank, size, std::move(groupName)})),
       logLevel_(logLevel),
       transport_(std::move(transport)),
       comm_(comm),
       arrivals_(std::move(arrivals)),
+      dumps_(std::move(dumps)),
       failure_(std::move(failure)),
       recorder_(std::move(recorder)),
       watch_(logLevel >= 2 ? std::make_shared<WaitWatch>(rank, stallBound / 2) : nullptr),
@@ -131,7 +133,8 @@ uint64_t CollectiveExecutor::record(const CallDescription& call, const char* tit
                                     uint64_t startedAs) {
   return recorder_->record(
       FlightRecorder::Call{title, false, call.dtype, call.root,
-                           CallbackScope::currentOrigin() != CallSignature::kOriginCaller},
+                           CallbackScope::currentOrigin() != CallSignature::kOriginCaller,
+                           call.op ? reduceOpName(*call.op) : nullptr, call.nbytes},
       inputs, outputs, startedAs);
 }
 
@@ -307,9 +310,10 @@ void CollectiveExecutor::failStalled(std::unique_lock<std::mutex>& lock) {
       timeoutExpired(stalled.front().timeout);
   const std::string first = contextOf(stalled.front());
   lock.unlock();
-  why += traceNote(dumpTrace("the queue stalled behind callbacks"));
-  failure_->record(first + ": " + why);
   transport_->abort(first + ": " + why);
+  dumps_->raise(first + ": " + why);
+  why += FlightRecorder::errorNote(recorder_->dump("the queue stalled behind callbacks", ""));
+  failure_->record(first + ": " + why);
   failQueued(stalled, CommError(CommError::Kind::kTimeout, why));
   lock.lock();
 }
@@ -400,19 +404,54 @@ void CollectiveExecutor::failRunning(std::exception_ptr raised) {
   if (running_ == nullptr || runningFailure_) {
     return;
   }
-  runningFailure_ = failureOf(raised, traceNote(dumpTrace("collective failed")));
+  // Abort first: the failed collective's other sends and receives still point into its buffers
+  // and the scratch, and the peers wait; end them all and tell the peers (and ask them to dump)
+  // before anything here waits on the store, which may be frozen with the rank that hung.
+  const std::string told = failureOf(raised, "", "").text;
+  transport_->abort(told);
+  if (!failedBy(raised, CommError::Kind::kAborted)) {
+    dumps_->raise(told);
+  }
+  // Then diagnose: who never came, from one batched store read under its own deadline. A peer that
+  // gave up told only what it knew before its own read, so a rank that has waited here a while
+  // reads too (describeMissing asks the store only after this rank published its arrival).
+  const std::string missing =
+      timedOut(raised) || failedBy(raised, CommError::Kind::kPeer) ? arrivals_->describeMissing(running_->seq)
+                                                                   : std::string();
+  recorder_->finished(running_->recordId, failureOf(raised, missing, "").text);
+  const std::string path = recorder_->dump("collective failed", missing);
+  runningFailure_ = failureOf(raised, missing, FlightRecorder::errorNote(path));
   failure_->record(runningFailure_->text);
-  // The failed collective's other sends and receives still point into its buffers and the
-  // scratch; end them all before those are freed or reused.
-  transport_->abort(runningFailure_->text);
 }
 
-CollectiveExecutor::JobFailure CollectiveExecutor::failureOf(std::exception_ptr raised, const std::string& note) const {
+bool CollectiveExecutor::failedBy(std::exception_ptr raised, CommError::Kind kind) {
+  try {
+    std::rethrow_exception(raised);
+  } catch (const CommError& e) {
+    return !e.mismatch() && e.kind() == kind;
+  } catch (...) {
+    return false;
+  }
+}
+
+bool CollectiveExecutor::timedOut(std::exception_ptr raised) {
+  try {
+    std::rethrow_exception(raised);
+  } catch (const CommError& e) {
+    // A device phase's stall says its own bound; other timeouts are the collective's.
+    return !e.mismatch() && e.kind() == CommError::Kind::kTimeout && std::string(e.what()).rfind(kStalledIn, 0) != 0;
+  } catch (...) {
+    return false;
+  }
+}
+
+CollectiveExecutor::JobFailure CollectiveExecutor::failureOf(std::exception_ptr raised, const std::string& missing,
+                                                             const std::string& note) const {
   const std::string context = contextOf(*running_);
   try {
     std::rethrow_exception(raised);
   } catch (const CommError& e) {
-    const std::string what = explain(e, running_->seq, running_->timeout) + note;
+    const std::string what = explain(e, running_->timeout, missing) + note;
     return {asTorchError(std::make_exception_ptr(CommError(e.kind(), what)), context), context + ": " + what};
   } catch (...) {
     // Not the transport's failure (an allocation, a torch op, a bad grid), but the collective's
@@ -423,12 +462,12 @@ CollectiveExecutor::JobFailure CollectiveExecutor::failureOf(std::exception_ptr 
   }
 }
 
-std::string CollectiveExecutor::explain(const CommError& error, uint64_t seq,
-                                        std::chrono::milliseconds timeout) const {
+std::string CollectiveExecutor::explain(const CommError& error, std::chrono::milliseconds timeout,
+                                        const std::string& missing) const {
   if (error.mismatch()) {
     const CallMismatch& mismatch = *error.mismatch();
     std::string what = "ranks called different collectives";
-    if (mismatch.tag != seq) {
+    if (mismatch.tag != running_->seq) {
       what += " at #" + std::to_string(mismatch.tag);
     }
     return what + ": rank " + std::to_string(rank_) + " called " +
@@ -436,12 +475,11 @@ std::string CollectiveExecutor::explain(const CommError& error, uint64_t seq,
            std::to_string(mismatch.peer) + " called " + describeCall(mismatch.theirs);
   }
   std::string what = error.what();
-  // A device phase's stall says its own bound; other timeouts are the collective's.
-  if (error.kind() == CommError::Kind::kTimeout && what.rfind(kStalledIn, 0) != 0) {
+  if (timedOut(std::make_exception_ptr(error))) {
     what += timeoutExpired(timeout);
-    if (auto missing = arrivals_->describeMissing(seq); !missing.empty()) {
-      what += "; " + missing;
-    }
+  }
+  if (!missing.empty()) {
+    what += "; " + missing;
   }
   return what;
 }
@@ -449,9 +487,11 @@ std::string CollectiveExecutor::explain(const CommError& error, uint64_t seq,
 void CollectiveExecutor::stop(bool abortPending) {
   std::deque<Job> abandoned;
   std::string why = "the process group was aborted";
+  bool running;
   {
     std::lock_guard<std::mutex> lock(mutex_);
     stopping_ = true;
+    running = busy_ || !completing_.empty();
     if (abortPending) {
       abandoned.swap(queue_);
     } else if (!completing_.empty()) {
@@ -465,8 +505,10 @@ void CollectiveExecutor::stop(bool abortPending) {
   }
   queueChanged_.notify_all();
   stallChanged_.notify_all();
-  if (abortPending) {
-    dumpTrace("the group was aborted");
+  // A planned abort with nothing queued or running (torchft's at every quorum change) leaves
+  // nothing to look at; one that cuts calls short dumps them, without asking the store.
+  if (abortPending && (!abandoned.empty() || running)) {
+    recorder_->dump("the group was aborted", "");
   }
   failQueued(abandoned, CommError(CommError::Kind::kAborted, why));
   if (worker_.joinable()) {
@@ -476,19 +518,12 @@ void CollectiveExecutor::stop(bool abortPending) {
     stallWatch_.join();
   }
   arrivals_->stop();
+  dumps_->stop();
 }
 
 std::string CollectiveExecutor::dumpTrace(const std::string& reason) {
   const uint64_t seq = arrivals_->current();
   return recorder_->dump(reason, seq == 0 ? std::string() : arrivals_->describeMissing(seq));
-}
-
-std::string CollectiveExecutor::traceNote(const std::string& path) {
-  if (path.empty()) {
-    return "";
-  }
-  const std::string dir = path.substr(0, path.rfind('/'));
-  return "; flight recorder: " + path + " (every rank's: python -m torch_torus.trace " + dir + ")";
 }
 
 } // namespace torus

@@ -41,6 +41,7 @@
 #include "backend/call_description.h"
 #include "backend/callback_scope.h"
 #include "backend/device_support.h"
+#include "backend/dump_signal.h"
 #include "backend/flight_recorder.h"
 #include "backend/torus_work.h"
 #include "comm/comm.h"
@@ -58,7 +59,8 @@ class CollectiveExecutor {
   // returned half of it after its collective completed is reported.
   CollectiveExecutor(int rank, int size, std::string groupName, int logLevel, std::chrono::milliseconds stallBound,
                      std::shared_ptr<Transport> transport, Comm& comm, std::shared_ptr<ArrivalBoard> arrivals,
-                     std::shared_ptr<GroupFailure> failure, std::shared_ptr<FlightRecorder> recorder);
+                     std::shared_ptr<DumpSignal> dumps, std::shared_ptr<GroupFailure> failure,
+                     std::shared_ptr<FlightRecorder> recorder);
   ~CollectiveExecutor();
 
   // Queues `body`; the returned work completes with `outputs`. Every message of the call carries
@@ -144,21 +146,26 @@ class CollectiveExecutor {
   static std::exception_ptr withReadyEvent(const Job& job, std::exception_ptr raised);
   // "torus:all_reduce:ring #7 (rank 0 of 4, group '0')"
   std::string contextOf(const Job& job) const;
-  // Fails the running job for `raised`, once: records it for the group and aborts the transport.
-  // From the job's thread (run's catch, or an algorithm through Comm::fail).
+  // Fails the running job for `raised`, once: aborts the transport and asks the peers to dump,
+  // then reads who was missing (bounded), dumps and records the failure for the group. From the
+  // job's thread (run's catch, or an algorithm through Comm::fail).
   void failRunning(std::exception_ptr raised);
-  // `note`: said after a transport failure's text (where the flight recorder's dump went).
-  JobFailure failureOf(std::exception_ptr raised, const std::string& note) const;
+  // Whether `raised` is the transport's failure of `kind` (kAborted: this process aborted the
+  // group, a planned end whose peers need no dump; kPeer: a peer died or gave up).
+  static bool failedBy(std::exception_ptr raised, CommError::Kind kind);
+  // Whether `raised` is the collective's own timeout (not a device phase's stall).
+  static bool timedOut(std::exception_ptr raised);
+  // The running job's failure; `missing`: who had not arrived, `note`: said after
+  // a transport failure's text (where the flight recorder's dump went).
+  JobFailure failureOf(std::exception_ptr raised, const std::string& missing, const std::string& note) const;
   // The flight recorder's entry of a call; 0 when it is off.
   uint64_t record(const CallDescription& call, const char* title, const std::vector<at::Tensor>& inputs,
                   const std::vector<at::Tensor>& outputs, uint64_t startedAs);
   // With mutex_ held, by the thread that claimed the executor: the number its next job runs as.
   uint64_t nextSeqOfClaimer() const;
-  // What an error says of a dump written to `path` (nothing when none was).
-  static std::string traceNote(const std::string& path);
-  // The text of a transport's failure, naming the absent ranks or both sides of a mismatch, and a
-  // timeout's length.
-  std::string explain(const CommError& error, uint64_t seq, std::chrono::milliseconds timeout) const;
+  // The text of a transport's failure, naming both sides of a mismatch, or a timeout's length and
+  // the absent ranks (`missing`, where known).
+  std::string explain(const CommError& error, std::chrono::milliseconds timeout, const std::string& missing) const;
 
   const int rank_;
   const std::shared_ptr<const GroupLabel> label_;
@@ -166,6 +173,7 @@ class CollectiveExecutor {
   std::shared_ptr<Transport> transport_;
   Comm& comm_;
   std::shared_ptr<ArrivalBoard> arrivals_;
+  std::shared_ptr<DumpSignal> dumps_;
   std::shared_ptr<GroupFailure> failure_;
   std::shared_ptr<FlightRecorder> recorder_;
   // Debug mode only.

@@ -1,9 +1,14 @@
 #include "backend/flight_recorder.h"
 
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cerrno>
 #include <chrono>
 #include <cstdio>
+#include <cstring>
 #include <filesystem>
-#include <fstream>
 #include <limits>
 #include <sstream>
 #include <thread>
@@ -62,6 +67,58 @@ std::vector<std::vector<int64_t>> shapesOf(const std::vector<at::Tensor>& tensor
     all.push_back(tensor.sizes().vec());
   }
   return all;
+}
+
+std::atomic<FlightRecorder::StackProvider> stackProvider{nullptr};
+
+// Makes `path` a directory of this user's, created 0700 if absent; the reason when it cannot be
+// one (another user's, a link, a file), else empty.
+std::string ownDirectory(const std::string& path) {
+  if (::mkdir(path.c_str(), 0700) == 0) {
+    return "";
+  }
+  if (errno != EEXIST) {
+    return "cannot create " + path + ": " + std::strerror(errno);
+  }
+  struct stat info{};
+  if (::lstat(path.c_str(), &info) != 0) {
+    return "cannot inspect " + path + ": " + std::strerror(errno);
+  }
+  if (!S_ISDIR(info.st_mode)) {
+    return path + " is not a directory (a link or a file is never followed)";
+  }
+  if (info.st_uid != ::geteuid()) {
+    return path + " belongs to uid " + std::to_string(info.st_uid) + ", not to this user (uid " +
+           std::to_string(::geteuid()) + ")";
+  }
+  return "";
+}
+
+// Writes `text` to a new file `path` (never through a link, never over an existing file).
+std::string writeNewFile(const std::string& path, const std::string& text) {
+  const int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600);
+  if (fd < 0) {
+    return "cannot create " + path + ": " + std::strerror(errno);
+  }
+  size_t written = 0;
+  while (written < text.size()) {
+    const ssize_t n = ::write(fd, text.data() + written, text.size() - written);
+    if (n < 0 && errno == EINTR) {
+      continue;
+    }
+    if (n <= 0) {
+      const std::string why = std::strerror(errno);
+      ::close(fd);
+      ::unlink(path.c_str());
+      return "cannot write " + path + ": " + why;
+    }
+    written += static_cast<size_t>(n);
+  }
+  if (::close(fd) != 0) {
+    ::unlink(path.c_str());
+    return "cannot write " + path + ": " + std::strerror(errno);
+  }
+  return "";
 }
 
 // Keeps the last `capacity` of `items`.
@@ -152,6 +209,8 @@ uint64_t FlightRecorder::record(const Call& call, const std::vector<at::Tensor>&
   entry.created.store(now, std::memory_order_relaxed);
   entry.started.store(startedAs != 0 ? now : 0, std::memory_order_relaxed);
   entry.completed.store(0, std::memory_order_relaxed);
+  entry.reduceOp.store(call.reduceOp, std::memory_order_relaxed);
+  entry.agreedBytes.store(call.agreedBytes, std::memory_order_relaxed);
   const bool fits = storeInline(inputs, entry.inputs) && storeInline(outputs, entry.outputs);
   if (!fits) {
     entry.inputs.layout.store(kSpilled, std::memory_order_relaxed);
@@ -198,6 +257,7 @@ void FlightRecorder::finished(uint64_t id, const std::string& error) {
   }
   advance(id, error.empty() ? State::kCompleted : State::kFailed, &Entry::completed, 0);
   if (!error.empty()) {
+    hasFailure_.store(true, std::memory_order_release);
     std::lock_guard<std::mutex> lock(asideMutex_);
     errors_.emplace_back(id, error);
     keepLast(errors_, capacity_);
@@ -219,6 +279,8 @@ bool FlightRecorder::snapshot(uint64_t id, Snapshot& out) {
     out.created = entry.created.load(std::memory_order_relaxed);
     out.started = entry.started.load(std::memory_order_relaxed);
     out.completed = entry.completed.load(std::memory_order_relaxed);
+    out.reduceOp = entry.reduceOp.load(std::memory_order_relaxed);
+    out.agreedBytes = entry.agreedBytes.load(std::memory_order_relaxed);
     const bool spilled = entry.inputs.layout.load(std::memory_order_relaxed) & kSpilled;
     if (!spilled) {
       out.inputs = loadInline(entry.inputs);
@@ -245,10 +307,23 @@ bool FlightRecorder::snapshot(uint64_t id, Snapshot& out) {
   return false;
 }
 
-std::string FlightRecorder::dump(const std::string& reason, const std::string& waitingFor) {
-  if (!enabled()) {
+void FlightRecorder::setStackProvider(StackProvider provider) {
+  stackProvider.store(provider, std::memory_order_release);
+}
+
+std::string FlightRecorder::dumpPath() const {
+  return dir_ + "/rank" + std::to_string(rank_) + ".json";
+}
+
+std::string FlightRecorder::errorNote(const std::string& path) {
+  if (path.empty()) {
     return "";
   }
+  const std::string dir = path.substr(0, path.rfind('/'));
+  return "; flight recorder: " + path + " (every rank's: python -m torch_torus.trace " + dir + ")";
+}
+
+std::string FlightRecorder::render(const std::string& reason, const std::string& waitingFor) {
   static const char* const states[] = {"scheduled", "started", "completed", "failed"};
   // Times since the epoch, as torch's are, so that ranks on different hosts compare.
   const auto toEpoch = clock_->makeConverter();
@@ -261,7 +336,10 @@ std::string FlightRecorder::dump(const std::string& reason, const std::string& w
   std::ostringstream out;
   out << "{\n  \"version\": \"torus-1\",\n  \"pg_id\": " << quoted(groupName_) << ",\n  \"rank\": " << rank_
       << ",\n  \"world_size\": " << size_ << ",\n  \"dump_reason\": " << quoted(reason)
-      << ",\n  \"time_dumped_ns\": " << nowEpoch << ",\n  \"entries\": [";
+      << ",\n  \"time_dumped_ns\": " << nowEpoch << ",\n  \"python_stacks\": ";
+  const StackProvider stacks = stackProvider.load(std::memory_order_acquire);
+  const std::string stackText = stacks ? stacks() : std::string();
+  out << (stackText.empty() ? std::string("null") : quoted(stackText)) << ",\n  \"entries\": [";
   const uint64_t next = nextId_.load(std::memory_order_relaxed);
   bool any = false;
   Snapshot entry;
@@ -287,6 +365,8 @@ std::string FlightRecorder::dump(const std::string& reason, const std::string& w
         << ", \"input_sizes\": " << shapes(entry.inputs) << ", \"output_sizes\": " << shapes(entry.outputs)
         << ", \"input_dtypes\": [" << dtype << "], \"output_dtypes\": [" << dtype << "]"
         << ", \"root_or_peer\": " << static_cast<int32_t>(entry.call >> 32)
+        << ", \"reduce_op\": " << (entry.reduceOp ? quoted(entry.reduceOp) : std::string("null"))
+        << ", \"agreed_bytes\": " << entry.agreedBytes
         << ", \"issued_by\": " << quoted(entry.call & (uint64_t{1} << 9) ? "callback" : "caller")
         << ", \"state\": " << quoted(states[static_cast<int>(state)])
         << ", \"time_created_ns\": " << epoch(entry.created)
@@ -296,14 +376,39 @@ std::string FlightRecorder::dump(const std::string& reason, const std::string& w
     any = true;
   }
   out << "\n  ]\n}\n";
-  const std::string path = dir_ + "/rank" + std::to_string(rank_) + ".json";
-  std::error_code failed;
-  std::filesystem::create_directories(dir_, failed);
-  std::ofstream file(path + ".tmp");
-  file << out.str();
-  file.close();
-  if (failed || !file || std::rename((path + ".tmp").c_str(), path.c_str()) != 0) {
-    std::fprintf(stderr, "[torus rank %d] cannot write the flight recorder's dump to %s\n", rank_, path.c_str());
+  return out.str();
+}
+
+std::string FlightRecorder::dump(const std::string& reason, const std::string& waitingFor) {
+  if (!enabled()) {
+    return "";
+  }
+  std::lock_guard<std::mutex> lock(dumpMutex_);
+  const std::string text = render(reason, waitingFor);
+  const std::string path = dumpPath();
+  // The directories above the base (TORUS_TRACE_DIR's parents) are the user's to choose; the base
+  // and the group's directory in it are this user's own.
+  const std::filesystem::path group(dir_);
+  const std::filesystem::path base = group.parent_path();
+  std::error_code ignored;
+  if (!base.parent_path().empty()) {
+    std::filesystem::create_directories(base.parent_path(), ignored);
+  }
+  std::string problem = ownDirectory(base.string());
+  if (problem.empty()) {
+    problem = ownDirectory(dir_);
+  }
+  const std::string temporary =
+      path + "." + std::to_string(::getpid()) + "." + std::to_string(++dumpsWritten_) + ".tmp";
+  if (problem.empty()) {
+    problem = writeNewFile(temporary, text);
+  }
+  if (problem.empty() && std::rename(temporary.c_str(), path.c_str()) != 0) {
+    problem = "cannot rename " + temporary + ": " + std::strerror(errno);
+    ::unlink(temporary.c_str());
+  }
+  if (!problem.empty()) {
+    std::fprintf(stderr, "[torus rank %d] the flight recorder's dump was not written: %s\n", rank_, problem.c_str());
     return "";
   }
   return path;

@@ -12,6 +12,17 @@
 // dump; no lock. Each entry has a version: a writer makes it odd while it writes (one writer at a
 // time per entry), and the dump copies an entry and keeps the copy only if the version was even
 // and unchanged. Strings are built at the dump; a failure's text is kept beside, under a lock.
+//
+// Each entry says what every rank must agree on, as the runtime compares it (the reduction and
+// the size from CallDescription, 0 where sizes may differ by rank), so that the analyzer never
+// takes shapes that differ by design for a mismatch. A dump holds the Python stacks of the
+// process's threads (from the provider the Python module sets), so that a rank that was not in a
+// collective shows where it was.
+//
+// Dumps cannot be lost or planted: one dump at a time per recorder, written under a name of its
+// own and renamed into place; every directory on the way that the recorder creates is 0700, an
+// existing one must be a directory of this user (not a link), and the file is opened without
+// following links.
 #pragma once
 
 #include <array>
@@ -40,6 +51,8 @@ class FlightRecorder {
     at::ScalarType dtype = at::kByte;
     int rootOrPeer = -1;
     bool fromCallback = false;
+    const char* reduceOp = nullptr; // lives forever (reduceOpName); null: no reduction
+    uint64_t agreedBytes = 0; // CallDescription::nbytes: 0 where sizes may differ by rank
   };
   bool enabled() const {
     return capacity_ != 0;
@@ -56,10 +69,21 @@ class FlightRecorder {
   // the file cannot be written (the reason then goes to stderr). `waitingFor`: what the running
   // collective waits for ("ranks 3 had not arrived"), for its entry.
   std::string dump(const std::string& reason, const std::string& waitingFor);
-  // Where dumps go.
+  // Where dumps go, and the file this rank's dump is.
   const std::string& directory() const {
     return dir_;
   }
+  std::string dumpPath() const;
+  // What an error says of a dump written to `path` (nothing when none was).
+  static std::string errorNote(const std::string& path);
+  // Whether a call of this rank failed (and so dumped, or is about to).
+  bool hasFailure() const {
+    return hasFailure_.load(std::memory_order_acquire);
+  }
+  // Where a dump gets the process's threads' Python stacks (faulthandler's text), set once by the
+  // Python module; without one, dumps hold none.
+  using StackProvider = std::string (*)();
+  static void setStackProvider(StackProvider provider);
 
   static constexpr size_t kInlineTensors = 4;
   static constexpr size_t kInlineDims = 4;
@@ -86,6 +110,8 @@ class FlightRecorder {
     std::atomic<uint64_t> completed{0};
     InlineShapes inputs;
     InlineShapes outputs;
+    std::atomic<const char*> reduceOp{nullptr};
+    std::atomic<uint64_t> agreedBytes{0};
   };
   static_assert(sizeof(Entry) == 128, "an entry is two cache lines");
   // A plain copy of an entry, for the dump.
@@ -95,6 +121,8 @@ class FlightRecorder {
     const char* title;
     uint64_t call;
     uint64_t created, started, completed;
+    const char* reduceOp;
+    uint64_t agreedBytes;
     std::vector<std::vector<int64_t>> inputs, outputs;
   };
   // The shapes of a call that do not fit inline, by record id.
@@ -115,6 +143,8 @@ class FlightRecorder {
   void spill(uint64_t id, const std::vector<at::Tensor>& inputs, const std::vector<at::Tensor>& outputs);
   // Sets the state of record `id` (and its time `field` to now) if its entry still holds it.
   void advance(uint64_t id, State state, std::atomic<uint64_t> Entry::*field, uint64_t seq);
+  // The dump's JSON.
+  std::string render(const std::string& reason, const std::string& waitingFor);
 
   const size_t capacity_;
   const std::string dir_;
@@ -129,6 +159,10 @@ class FlightRecorder {
   std::mutex asideMutex_;
   std::deque<Spill> spills_;
   std::deque<std::pair<uint64_t, std::string>> errors_;
+  std::atomic<bool> hasFailure_{false};
+  // One dump at a time: the worker's failure, an aborting thread and a peer's request may meet.
+  std::mutex dumpMutex_;
+  uint64_t dumpsWritten_ = 0; // under dumpMutex_: names each dump's temporary file
 };
 
 } // namespace torus

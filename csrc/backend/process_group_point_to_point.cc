@@ -31,7 +31,8 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupTorus::postPointToPoint(c10d::OpType 
   failure_->throwIfFailed(context);
   const uint64_t recordId = recorder_->record(
       FlightRecorder::Call{title, true, tensor.scalar_type(), peer,
-                           CallbackScope::currentOrigin() != CallSignature::kOriginCaller},
+                           CallbackScope::currentOrigin() != CallSignature::kOriginCaller, nullptr,
+                           static_cast<uint64_t>(bytesOf(tensor))},
       {tensor}, {tensor}, number);
   const uint64_t wireTag = p2pTag(tag);
   CommsEvent event; // a batch's is endCoalescing's
@@ -70,7 +71,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupTorus::postPointToPoint(c10d::OpType 
   // still owns the buffer.
   request->holdBuffer(std::make_shared<at::Tensor>(buffer));
   return c10::make_intrusive<TorusP2PWork>(rank_, type, title, transport_, request, tensor, buffer, timeout_.load(), context,
-                                           failure_, recorder_, recordId);
+                                           failure_, recorder_, dumps_, recordId);
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupTorus::issuePointToPoint(c10d::OpType type, const at::Tensor& tensor,

@@ -59,10 +59,11 @@ ProcessGroupTorus::ProcessGroupTorus(const c10::intrusive_ptr<c10d::Store>& stor
   device.hostDevice = config_.hostDevice;
   devices_ = DeviceSupport::create(device);
   recorder_ = std::make_shared<FlightRecorder>(config_.traceBuffer, config_.traceDir, rank, size, groupName_);
+  dumps_ = std::make_shared<DumpSignal>(store, rank, size, recorder_);
   executor_ = std::make_unique<CollectiveExecutor>(rank, size, groupName_, config_.logLevel, device.stallBound,
                                                    transport_, *comm_,
-                                                   std::make_shared<ArrivalBoard>(store, rank, size), failure_,
-                                                   recorder_);
+                                                   std::make_shared<ArrivalBoard>(store, rank, size), dumps_,
+                                                   failure_, recorder_);
   direct_ = std::make_unique<DirectRegistration>(groupName_, this);
   if (config_.logLevel >= 1 && rank == 0) {
     const std::string standIns = dispatch_.standIns();

@@ -26,6 +26,7 @@
 
 #include "backend/algorithm_dispatch.h"
 #include "backend/arrival_board.h"
+#include "backend/dump_signal.h"
 #include "backend/collective_executor.h"
 #include "backend/comms_event.h"
 #include "backend/device_support.h"
@@ -225,6 +226,8 @@ class ProcessGroupTorus : public c10d::Backend {
   // Set once a collective or a send or receive fails; later calls fail fast.
   std::shared_ptr<GroupFailure> failure_ = std::make_shared<GroupFailure>();
   std::shared_ptr<FlightRecorder> recorder_;
+  // Asks the other ranks to dump when this one fails, and dumps when another asks.
+  std::shared_ptr<DumpSignal> dumps_;
   std::unique_ptr<CollectiveExecutor> executor_;
   std::mutex stopMutex_;
   // The process that created the group: a child forked since has its memory but not its threads.

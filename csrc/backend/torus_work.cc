@@ -177,7 +177,7 @@ TorusP2PWork::TorusP2PWork(int rank, c10d::OpType opType, const char* profilingT
                            std::shared_ptr<Transport> transport, RequestPtr request, at::Tensor tensor,
                            at::Tensor buffer, std::chrono::milliseconds timeout, std::string context,
                            std::shared_ptr<GroupFailure> groupFailure, std::shared_ptr<FlightRecorder> recorder,
-                           uint64_t recordId)
+                           std::shared_ptr<DumpSignal> dumps, uint64_t recordId)
     : c10d::Work(rank, opType, profilingTitle, std::vector<at::Tensor>{tensor}),
       transport_(std::move(transport)),
       request_(std::move(request)),
@@ -187,6 +187,7 @@ TorusP2PWork::TorusP2PWork(int rank, c10d::OpType opType, const char* profilingT
       context_(std::move(context)),
       groupFailure_(std::move(groupFailure)),
       recorder_(std::move(recorder)),
+      dumps_(std::move(dumps)),
       recordId_(recordId),
       future_(makeTensorListFuture()) {}
 
@@ -214,8 +215,15 @@ void TorusP2PWork::fail(std::exception_ptr error) {
     std::rethrow_exception(error);
   } catch (const CommError& e) {
     const std::string what = context_ + ": " + e.what();
-    groupFailure_->record(what);
     transport_->abort(what);
+    if (e.kind() != CommError::Kind::kAborted) {
+      dumps_->raise(what);
+    }
+    recorder_->finished(recordId_, what);
+    const std::string note = FlightRecorder::errorNote(recorder_->dump("a send or receive failed", ""));
+    groupFailure_->record(what + note);
+    settle(asTorchError(std::make_exception_ptr(CommError(e.kind(), e.what() + note)), context_));
+    return;
   } catch (...) {
     // Not the transport's failure: the group stays usable.
   }

@@ -17,6 +17,7 @@
 
 #include "backend/arrival_board.h"
 #include "backend/device_support.h"
+#include "backend/dump_signal.h"
 #include "backend/flight_recorder.h"
 #include "backend/wait_watch.h"
 #include "transport/transport.h"
@@ -149,7 +150,7 @@ class TorusP2PWork : public c10d::Work {
   TorusP2PWork(int rank, c10d::OpType opType, const char* profilingTitle, std::shared_ptr<Transport> transport,
                RequestPtr request, at::Tensor tensor, at::Tensor buffer, std::chrono::milliseconds timeout,
                std::string context, std::shared_ptr<GroupFailure> groupFailure,
-               std::shared_ptr<FlightRecorder> recorder, uint64_t recordId);
+               std::shared_ptr<FlightRecorder> recorder, std::shared_ptr<DumpSignal> dumps, uint64_t recordId);
 
   bool isCompleted() override;
   bool wait(std::chrono::milliseconds timeout) override;
@@ -163,7 +164,8 @@ class TorusP2PWork : public c10d::Work {
 
  private:
   void settle(std::exception_ptr error);
-  // Settles with `error`; a transport's error fails the group.
+  // Settles with `error`; a transport's error fails the group: aborts the transport, asks the
+  // peers to dump and dumps here, as a collective's failure does.
   void fail(std::exception_ptr error);
 
   std::shared_ptr<Transport> transport_;
@@ -174,6 +176,7 @@ class TorusP2PWork : public c10d::Work {
   std::string context_;
   std::shared_ptr<GroupFailure> groupFailure_;
   std::shared_ptr<FlightRecorder> recorder_;
+  std::shared_ptr<DumpSignal> dumps_;
   const uint64_t recordId_;
   std::atomic<bool> settled_{false};
   c10::intrusive_ptr<c10::ivalue::Future> future_;
