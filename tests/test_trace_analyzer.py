@@ -444,6 +444,40 @@ def test_rank_still_in_a_collective_the_others_passed(tmp_path):
     assert "rank 1's Python" in text and "/job/train.py:42 in load_batch" in text, text
 
 
+def _load_batch_slowly():
+    time.sleep(8)
+
+
+def _case_rank_asleep(ctx):
+    """Rank 1 sleeps in Python while rank 0 times out at #2; both dump (rank 1 when asked, asleep)."""
+    import datetime
+    import re
+
+    ctx.init_process_group(init="file")
+    group = ctx.new_group(timeout=datetime.timedelta(seconds=2))
+    dist.all_reduce(torch.ones(4), group=group)
+    if ctx.rank == 1:
+        _load_batch_slowly()
+        return None
+    try:
+        dist.all_reduce(torch.ones(4), group=group)
+        return "the all_reduce without rank 1 returned"
+    except dist.DistBackendError as error:
+        match = re.search(r"python -m torch_torus.trace (\S+)\)", str(error))
+        return match.group(1) if match else f"no dump named: {error}"
+
+
+def test_recorded_stuck_rank_shows_its_stack(tmp_path):
+    results = harness.run_job("torus", 2, _case_rank_asleep, env={"TORUS_TRACE_DIR": str(tmp_path)}, timeout=90)
+    assert results[1] is None and os.path.isdir(results[0]), results
+    code, out, err = _cli(results[0])
+    assert code == 1 and not err, (code, out, err)
+    assert "PROBLEM: collective #2 (torus:all_reduce" in out and "rank 0 reached it; rank 1 never did" in out, out
+    stack = out[out.index("rank 1's Python when it dumped"):]
+    main = stack[stack.index("main thread"):]
+    assert f"{__file__}:" in main and "in _load_batch_slowly" in main.splitlines()[1], stack
+
+
 def test_stacks_as_faulthandler_writes_them(tmp_path):
     path = tmp_path / "stacks.txt"
     with open(path, "w") as f:
