@@ -27,7 +27,6 @@ from .network import local_address
 from .selection import describe, resolve_tables
 from .topology import (FAILED, Meeting, agree, choose_grid, choose_transport, describe_failures, failures_of,
                        host_identity, meeting_of, meeting_record, rendezvous_environ)
-from .trace import trace_directory
 from .tuning import read as read_tuning
 from .tuning import entries_of, host_memory_gbps, tuned_allreduce
 
@@ -115,6 +114,10 @@ def _create_backend(dist_options, pg_options) -> _C.ProcessGroupTorus:
               f"algorithms {describe(tables)}", file=sys.stderr, flush=True)
     if transport in _OVER_TCP:
         config.tcp_listener = listener
+    # Imported here: a package-level import would load trace.py before `python -m torch_torus.trace`
+    # runs it as __main__ (runpy warns, and the module exists twice).
+    from .trace import trace_directory
+
     config.trace_dir = trace_directory(values["trace_dir"], name, epoch)
     config.secret = bytes.fromhex(result["secret"])
     if rank == 0 and size > 1:
