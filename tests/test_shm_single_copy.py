@@ -184,6 +184,36 @@ def _case_sender_frees_its_buffer(rank: int, scratch: str) -> list:
         return []
 
 
+def _case_small_message_during_a_long_copy(rank: int, scratch: str) -> list:
+    """Rank 0 sends 1 GiB and then 4 bytes on another tag; rank 1 waits for the small one first.
+    The large one's copy goes a piece at a time with the lock released, so the small one, next
+    in the ring, is received while most of the large one is still to copy."""
+    import torch
+    import torch.distributed as dist
+
+    if rank == 0:
+        large = torch.full((2 * LARGE,), SENT, dtype=torch.uint8)
+        work = dist.isend(large, 1, tag=TAG)
+        dist.send(torch.full((4,), 3, dtype=torch.int32), 1, tag=TAG + 1)
+        work.wait()
+        return []
+    received = torch.zeros(2 * LARGE, dtype=torch.uint8)
+    small = torch.zeros(4, dtype=torch.int32)
+    work = dist.irecv(received, 0, tag=TAG)
+    dist.recv(small, 0, tag=TAG + 1)
+    problems = []
+    if received[-1].item() == SENT:
+        problems.append(f"the {2 * LARGE // MiB} MiB message sent first was all copied before the small one "
+                        "behind it was received")
+    if small.tolist() != [3] * 4:
+        problems.append(f"the small message holds {small.tolist()}")
+    work.wait()
+    wrong = int((received != SENT).sum())
+    if wrong:
+        problems.append(f"the large message has {wrong} wrong bytes")
+    return problems
+
+
 def _rank_main(rank, store, scratch, queue, case, args):
     os.environ["TORUS_TRANSPORT"] = "shm"
     import torch.distributed as dist
@@ -228,4 +258,9 @@ def test_receive_fails_when_the_sender_gives_up_mid_copy(tmp_path, how):
 
 def test_freed_send_buffer_fails_the_send_and_the_receive(tmp_path):
     problems = _run_pair(tmp_path, _case_sender_frees_its_buffer)
+    assert not problems, problems
+
+
+def test_small_message_is_received_during_a_long_copy(tmp_path):
+    problems = _run_pair(tmp_path, _case_small_message_during_a_long_copy)
     assert not problems, problems
