@@ -36,7 +36,7 @@ SENTINEL = -7.0
 # Far below the group's timeout: a check must fail the peer, not a timeout.
 PROMPT_SECONDS = 20.0
 
-EAGER, READY_TO_SEND, CLEAR_TO_SEND, DATA, DONE, CREDIT, PROBE, GOODBYE, FAULT = range(1, 10)
+EAGER, READY_TO_SEND, CLEAR_TO_SEND, DATA, DONE, CREDIT, PROBE, GOODBYE, FAULT, UNREAD = range(1, 11)
 HELLO_MAGIC, ACCEPTED, REFUSED = 0x746F7275, 0x6F6B6179, 0x6E6F7065
 LIFELINE_MAGIC, FAREWELL_MAGIC, GOODBYE_KIND = 0x6C696665, 0x62796521, 1
 # A group whose connections must come within this (a silent connector is closed after it).
@@ -80,6 +80,8 @@ ATTACKS = {
     "clear_to_send_unknown": (lambda: _frame(CLEAR_TO_SEND, sequence=99), False,
                               ["clear-to-send for send #99", "waits for no answer"]),
     "done_unknown": (lambda: _frame(DONE, sequence=99), False, ["a done for send #99"]),
+    "unread_unknown": (lambda: _frame(UNREAD, sequence=99, nbytes=4, payload=b"why!"), False,
+                       ["an unread for send #99", "lent no buffer"]),
     "ready_to_send_out_of_order": (lambda: _frame(READY_TO_SEND, nbytes=4096, sequence=5), False,
                                    ["ready-to-send numbered 5 where #1 was next"]),
     "fault_too_long": (lambda: _frame(FAULT, nbytes=1 << 30), False, ["too long to read", "1073741824 bytes"]),

@@ -17,6 +17,7 @@ size_t payloadBytes(const WireHeader& header) {
     case kEagerFrame:
     case kDataFrame:
     case kFaultFrame:
+    case kUnreadFrame:
       return header.nbytes;
     default:
       return 0;
@@ -98,6 +99,9 @@ bool MessageTransport::advanceReads(Peer& peer) {
   bool finished = false;
   while (!peer.reads.empty() && peer.failure.empty()) {
     Peer::Read& read = peer.reads.front();
+    Frame answer;
+    answer.header.sequence = read.header.sequence;
+    answer.header.kind = kDoneFrame;
     try {
       if (!peer.reading) {
         peer.link->startRead(read.header.address, read.header.key, static_cast<char*>(read.op->buf),
@@ -110,11 +114,12 @@ bool MessageTransport::advanceReads(Peer& peer) {
       read.op->complete = true;
     } catch (const CommError& e) {
       read.op->fail(e.kind(), e.what());
+      // The sender's send fails too: its buffer may have gone (freed while the send ran).
+      answer.header.kind = kUnreadFrame;
+      answer.text = std::string(e.what()).substr(0, kFaultTextBytes);
+      answer.header.nbytes = answer.text.size();
     }
     peer.reading = false;
-    Frame answer;
-    answer.header.sequence = read.header.sequence;
-    answer.header.kind = kDoneFrame;
     peer.reads.pop_front();
     queue(peer, std::move(answer));
     finished = true;
@@ -220,6 +225,20 @@ bool MessageTransport::onHeader(Peer& peer) {
       peer.awaitingAnswer.erase(it);
       return true;
     }
+    case kUnreadFrame: {
+      auto it = peer.awaitingAnswer.find(header.sequence);
+      if (it == peer.awaitingAnswer.end() || !it->second->loan) {
+        return brokeProtocol(peer, "an unread for send #" + std::to_string(header.sequence) +
+                                       ", which it was lent no buffer of to read");
+      }
+      if (header.nbytes > kFaultTextBytes) {
+        return brokeProtocol(peer, "an unread for send #" + std::to_string(header.sequence) + " whose reason has " +
+                                       std::to_string(header.nbytes) + " bytes, above the " +
+                                       std::to_string(kFaultTextBytes) + " a reason may have");
+      }
+      peer.holding.resize(header.nbytes);
+      break;
+    }
     case kReadyToSendFrame: {
       if (header.sequence != peer.announced + 1) {
         return brokeProtocol(peer, "a ready-to-send numbered " + std::to_string(header.sequence) + " where #" +
@@ -314,6 +333,16 @@ bool MessageTransport::onPayload(Peer& peer) {
   if (header.kind == kFaultFrame) {
     failPeer(peer.rank, rankName(peer.rank) + " gave up on the group: " +
                             std::string(peer.holding.begin(), peer.holding.end()));
+    return true;
+  }
+  if (header.kind == kUnreadFrame) {
+    auto it = peer.awaitingAnswer.find(header.sequence);
+    Op& send = *it->second;
+    endLoan(peer, send);
+    send.fail(CommError::Kind::kPeer, rankName(peer.rank) + " could not read this rank's buffer (a send of " +
+                                          std::to_string(send.nbytes) + " bytes): " +
+                                          std::string(peer.holding.begin(), peer.holding.end()));
+    peer.awaitingAnswer.erase(it);
     return true;
   }
   if (peer.target) {

@@ -155,6 +155,11 @@ void MessageTransport::credit(Peer& peer, size_t nbytes) {
 
 void MessageTransport::queue(Peer& peer, Frame frame) {
   peer.sends.push_back(std::move(frame));
+  Frame& queued = peer.sends.back();
+  if (!queued.text.empty()) {
+    queued.payload = queued.text.data();
+    queued.payloadBytes = queued.text.size();
+  }
   if (peer.sends.size() == 1) {
     trySend(peer);
   }

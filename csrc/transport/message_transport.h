@@ -14,6 +14,8 @@
 //                    reading it directly (the header also carries the key the sender's Link lent
 //                    it with) and sending done, which ends the loan.
 //   done             completes a ready-to-send send without data (read directly, or refused).
+//   unread           fails a ready-to-send send whose payload the receiver could not read
+//                    directly (payload: why; the sender's buffer may have been freed meanwhile).
 //   credit           returns eager bytes the receiver has consumed.
 //   probe            "I wait for you in the collective tagged <sequence> with this call".
 //   goodbye / fault  the sender destroyed its group / gave up on it (payload: why).
@@ -58,14 +60,15 @@ enum FrameKind : uint32_t {
   kProbeFrame,
   kGoodbyeFrame,
   kFaultFrame,
+  kUnreadFrame,
 };
-// A fault frame's text is cut to this.
+// A fault or unread frame's text is cut to this.
 constexpr size_t kFaultTextBytes = 1024;
 
 // The header of every frame on a Link.
 struct WireHeader {
   uint64_t tag = 0;
-  uint64_t nbytes = 0; // the message's size (eager, ready-to-send, data) or the fault text's
+  uint64_t nbytes = 0; // the message's size (eager, ready-to-send, data) or the fault or unread text's
   uint64_t sequence = 0; // ready-to-send and its answers: which send; credit: bytes; probe: tag
   uint64_t address = 0; // ready-to-send: the payload's address, when the peer may read it
   CallSignature call;

@@ -29,6 +29,9 @@ struct MessageTransport::Frame {
   std::shared_ptr<Op> op;
   const char* payload = nullptr;
   size_t payloadBytes = 0;
+  // The payload of a frame of the layer's own that carries a text (unread): queue() points
+  // `payload` at it once the frame has its place in the queue, where it stays until written.
+  std::string text;
 };
 
 // A message nobody has asked for yet: an eager one with its payload, or a ready-to-send header.

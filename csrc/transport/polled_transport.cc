@@ -204,22 +204,32 @@ bool PolledTransport::waitFor(const std::vector<RequestPtr>& requests, Deadline 
   }
 }
 
+bool PolledTransport::tryAllOnce(std::unique_lock<std::mutex>& lock) {
+  ++progressRuns_;
+  bool moved = tryAll();
+  if (workOutsideLock(lock)) {
+    // Another thread may have begun driving progress while the lock was released.
+    if (progressing_) {
+      wakeSleeper();
+    } else {
+      moved |= tryAll();
+    }
+  }
+  return moved;
+}
+
 void PolledTransport::poke() {
   std::unique_lock<std::mutex> lock(mutex_);
-  if (!progressing_) {
-    ++progressRuns_;
-    if (tryAll()) {
-      progressed_.notify_all();
-    }
+  if (!progressing_ && tryAllOnce(lock)) {
+    progressed_.notify_all();
   }
 }
 
 bool PolledTransport::test(const RequestPtr& request) {
   std::unique_lock<std::mutex> lock(mutex_);
   const auto& op = static_cast<const PendingOp&>(*request);
-  if (!op.complete && !progressing_) {
-    ++progressRuns_;
-    tryAll();
+  if (!op.complete && !progressing_ && tryAllOnce(lock)) {
+    progressed_.notify_all();
   }
   throwIfFailed(op);
   return op.complete;
@@ -260,7 +270,7 @@ bool PolledTransport::helpIfUnattended() {
 bool PolledTransport::spinBriefly(std::unique_lock<std::mutex>& lock) {
   const auto spinUntil = Clock::now() + kSpinBeforeSleep;
   do {
-    if (tryAll()) {
+    if (tryAll() || workOutsideLock(lock)) {
       return true;
     }
     lock.unlock();

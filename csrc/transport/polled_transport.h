@@ -91,9 +91,17 @@ class PolledTransport : public Transport {
   virtual void wakeSleeper() = 0;
   // With mutex_ held: some request is still pending.
   virtual bool hasPending() const = 0;
+  // With mutex_ held through `lock`, by a thread making progress (progress(), test(), poke()):
+  // a bounded piece of work that runs with the lock released (a piece of a long copy), so that
+  // other threads' calls and other requests move meanwhile; true when it did some. The lock is
+  // held again on return; tryAll() then sees what the work finished.
+  virtual bool workOutsideLock(std::unique_lock<std::mutex>& lock) {
+    return false;
+  }
   // The first part of every progress(): tryAll() for up to kSpinBeforeSleep, yielding the core
   // between attempts (the peer we wait for often shares it, and a yield lets it run at once
-  // where a sleep costs a wake-up); true when something completed.
+  // where a sleep costs a wake-up); true when something completed, or when workOutsideLock did
+  // a piece of work (then progress() returns, and the next pass looks again at once).
   bool spinBriefly(std::unique_lock<std::mutex>& lock);
 
   // The helper: one thread per process that drives a transport's progress when its requests
@@ -113,6 +121,9 @@ class PolledTransport : public Transport {
   // By the helper: one progress() call if the transport has been unattended since the last
   // visit; true when it drove progress.
   bool helpIfUnattended();
+  // For test() and poke(), which hold no driving role: one tryAll(), and a piece of the work
+  // outside the lock, after which a thread that drives progress meanwhile is woken to see it.
+  bool tryAllOnce(std::unique_lock<std::mutex>& lock);
 
   bool leaving_ = false;
   bool helperDriving_ = false;

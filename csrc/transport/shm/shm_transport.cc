@@ -1,31 +1,39 @@
 #include "transport/shm/shm_transport.h"
 
 #include <fcntl.h>
-#include <linux/futex.h>
 #include <poll.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
 #include <sys/syscall.h>
-#include <sys/uio.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <map>
 #include <numeric>
-#include <cerrno>
-#include <climits>
 #include <cstring>
 #include <sstream>
 #include <thread>
 
+#include "transport/shm/peer_memory.h"
+#include "transport/shm/ring_link.h"
 #include "transport/shm/shared_tensor_arena.h"
+#include "transport/shm/shm_segment.h"
 
 namespace torus {
 
+using shm::ControlBlock;
+using shm::crossCopy;
+using shm::futexWait;
+using shm::gaveUpText;
+using shm::guardedCrossCopy;
+using shm::guardedPeerAccess;
+using shm::kSegmentMagic;
+using shm::ringDoorbell;
+using shm::SharedPosting;
+using shm::systemError;
+
 namespace {
 
-constexpr uint64_t kSegmentMagic = 0x746f7275732d7368; // "torus-sh"
-constexpr size_t kLine = 64;
 // The longest a wait sleeps before it checks that its peers are alive.
 constexpr auto kLivenessPeriod = std::chrono::milliseconds(100);
 // How long a wait for peers spins (SpinWait: pausing, or yielding the core where ranks outnumber
@@ -35,306 +43,13 @@ constexpr auto kLivenessPeriod = std::chrono::milliseconds(100);
 // shared memory").
 constexpr auto kSpinBeforeSleepOnPeers = std::chrono::microseconds(200);
 
-// One posting cell: what the segment's owner announced to one peer for their collective `epoch`.
-struct alignas(kLine) SharedPosting {
-  std::atomic<uint64_t> epoch; // counted per pair of ranks
-  uint64_t ownEpoch; // the owner's own count: names its slot
-  uint64_t address;
-  uint64_t nbytes;
-  uint64_t tag;
-  CallSignature call;
-  int64_t segmentFd; // the owner's SharedTensorArena segment holding the buffer; -1: none
-  uint64_t segmentBase;
-  uint64_t segmentBytes;
-};
-
-struct ControlBlock {
-  uint64_t magic;
-  int32_t pid;
-  // The cores the owner may run on (its affinity mask when it connected).
-  cpu_set_t cores;
-  // Set when the owner destroys its transport: its exit afterwards is a departure, not a death.
-  std::atomic<uint32_t> left;
-  // Set when the owner gives up on the group (abort()); faultText says why.
-  std::atomic<uint32_t> faulted;
-  char faultText[kFaultTextBytes];
-  alignas(kLine) std::atomic<uint32_t> doorbell;
-  std::atomic<uint32_t> sleepers;
-  // Peers that finished reading each one-shot slot, ever.
-  alignas(kLine) std::atomic<uint64_t> slotReleases[2];
-  // Peers reading or writing the owner's memory right now (guardedPeerAccess).
-  alignas(kLine) std::atomic<uint32_t> crossCopiers;
-};
-
-// Deliveries into the segment's owner from one peer, ever.
-struct alignas(kLine) DeliveryCount {
-  std::atomic<uint64_t> count;
-};
-
-// Written by one peer (the producer), read by the segment's owner.
-struct SharedRing {
-  alignas(kLine) std::atomic<uint64_t> head; // bytes written, ever
-  alignas(kLine) std::atomic<uint64_t> tail; // bytes consumed, ever
-  alignas(kLine) std::atomic<uint32_t> producerWaiting;
-  alignas(kLine) char data[ShmTransport::kRingBytes];
-};
-
-constexpr size_t roundUp(size_t n, size_t to) {
-  return (n + to - 1) / to * to;
-}
-// A segment of a group of `size` ranks: the control block; two posting cells per rank (the
-// owner's announcements to that peer, for alternate collectives of the pair); the deliveries from
-// each rank; the two one-shot slots; one inbound ring per rank.
-constexpr size_t kPostingsOffset = roundUp(sizeof(ControlBlock), kLine);
-
-size_t deliveriesOffset(int size) {
-  return kPostingsOffset + 2 * static_cast<size_t>(size) * sizeof(SharedPosting);
-}
-
-size_t slotsOffset(int size) {
-  return roundUp(deliveriesOffset(size) + static_cast<size_t>(size) * sizeof(DeliveryCount), 4096);
-}
-
-size_t ringsOffset(int size) {
-  return slotsOffset(size) + 2 * ShmTransport::kSlotBytes;
-}
-
-size_t segmentBytes(int size) {
-  return ringsOffset(size) + static_cast<size_t>(size) * sizeof(SharedRing);
-}
-
-std::string systemError(const std::string& what) {
-  return what + ": " + std::strerror(errno);
-}
-
-void futexWait(std::atomic<uint32_t>* word, uint32_t expected, std::chrono::nanoseconds timeout) {
-  timespec ts{static_cast<time_t>(timeout.count() / 1000000000), static_cast<long>(timeout.count() % 1000000000)};
-  // Not FUTEX_PRIVATE: the word lives in memory shared between processes.
-  ::syscall(SYS_futex, reinterpret_cast<uint32_t*>(word), FUTEX_WAIT, expected, &ts, nullptr, 0);
-}
-
-void futexWake(std::atomic<uint32_t>* word) {
-  ::syscall(SYS_futex, reinterpret_cast<uint32_t*>(word), FUTEX_WAKE, INT_MAX, nullptr, nullptr, 0);
-}
-
-// Tells the owner of `control` that something it may wait for changed, waking it if it sleeps.
-void ringDoorbell(ControlBlock* control) {
-  control->doorbell.fetch_add(1, std::memory_order_seq_cst);
-  if (control->sleepers.load(std::memory_order_seq_cst) > 0) {
-    futexWake(&control->doorbell);
-  }
-}
-
 std::chrono::nanoseconds sleepFor(Deadline deadline) {
   auto left = deadline == Deadline::max() ? std::chrono::nanoseconds(kLivenessPeriod) : deadline - Clock::now();
   return std::max(std::chrono::nanoseconds(0),
                   std::min<std::chrono::nanoseconds>(left, std::chrono::nanoseconds(kLivenessPeriod)));
 }
 
-// Copies n bytes into a ring at position pos (which may wrap), or out of it.
-void copyIn(char* ring, uint64_t pos, const char* src, size_t n) {
-  size_t at = pos % ShmTransport::kRingBytes;
-  size_t first = std::min(n, ShmTransport::kRingBytes - at);
-  std::memcpy(ring + at, src, first);
-  std::memcpy(ring, src + first, n - first);
-}
-
-void copyOut(char* dst, const char* ring, uint64_t pos, size_t n) {
-  size_t at = pos % ShmTransport::kRingBytes;
-  size_t first = std::min(n, ShmTransport::kRingBytes - at);
-  std::memcpy(dst, ring + at, first);
-  std::memcpy(dst + first, ring, n - first);
-}
-
-// Moves nbytes between this process's `local` and another process's `remote` address, by
-// process_vm_readv (read) or process_vm_writev; false, with errno set, when the kernel refuses.
-bool crossCopy(int pid, char* local, uint64_t remote, size_t nbytes, bool read) {
-  size_t done = 0;
-  while (done < nbytes) {
-    iovec here{local + done, nbytes - done};
-    iovec there{reinterpret_cast<void*>(remote + done), nbytes - done};
-    ssize_t moved = read ? ::process_vm_readv(pid, &here, 1, &there, 1, 0) : ::process_vm_writev(pid, &here, 1, &there, 1, 0);
-    if (moved <= 0) {
-      return false;
-    }
-    done += static_cast<size_t>(moved);
-  }
-  return true;
-}
-
-// "rank R gave up on the group: <why>", from the control block of rank R, which gave up.
-std::string gaveUpText(const ControlBlock* control, int rank) {
-  return "rank " + std::to_string(rank) + " gave up on the group: " +
-         std::string(control->faultText, ::strnlen(control->faultText, kFaultTextBytes));
-}
-
-// Runs access() on the memory of the peer whose control block is `peer`, unless the peer has given
-// up on the group: its abort() then waits for accesses under way, so that it reuses no buffer an
-// access still touches. Throws CommError naming `peerRank` when the peer gave up, or when access()
-// returns false (the kernel refused a copy; errno says why, `what` says what was refused).
-template <typename Access>
-void guardedPeerAccess(ControlBlock* peer, int peerRank, const char* what, Access access) {
-  struct Counted {
-    ControlBlock* peer;
-    ~Counted() {
-      peer->crossCopiers.fetch_sub(1, std::memory_order_release);
-    }
-  };
-  peer->crossCopiers.fetch_add(1, std::memory_order_seq_cst);
-  bool gaveUp = false;
-  bool done = false;
-  int err = 0;
-  {
-    Counted counted{peer};
-    gaveUp = peer->faulted.load(std::memory_order_seq_cst) != 0;
-    done = !gaveUp && access();
-    err = errno;
-  }
-  if (gaveUp) {
-    throw CommError(CommError::Kind::kPeer, gaveUpText(peer, peerRank));
-  }
-  if (!done) {
-    errno = err;
-    throw CommError(CommError::Kind::kPeer,
-                    systemError(std::string("cannot ") + what + " rank " + std::to_string(peerRank) + "'s memory"));
-  }
-}
-
-// Moves nbytes between this process's `local` and the memory of the peer whose control block is
-// `peer` (its pid `pid`), under guardedPeerAccess.
-void guardedCrossCopy(ControlBlock* peer, int pid, int peerRank, char* local, uint64_t remote, size_t nbytes,
-                      bool read) {
-  guardedPeerAccess(peer, peerRank, read ? "read" : "write",
-                    [&] { return crossCopy(pid, local, remote, nbytes, read); });
-}
-
-// How long abort() waits for peers' copies from or into this rank's memory to finish.
-constexpr auto kCrossCopyDrain = std::chrono::seconds(2);
-
 } // namespace
-
-// A mapping of one rank's segment (this rank's own, or a peer's).
-struct ShmTransport::Segment {
-  char* base = nullptr;
-  size_t bytes = 0;
-  int groupSize = 0;
-
-  ~Segment() {
-    if (base != nullptr) {
-      ::munmap(base, bytes);
-    }
-  }
-  ControlBlock* control() const {
-    return reinterpret_cast<ControlBlock*>(base);
-  }
-  // The cell the owner posts to `reader` in for their collective `pairEpoch`.
-  SharedPosting* posting(int reader, uint64_t pairEpoch) const {
-    return reinterpret_cast<SharedPosting*>(base + kPostingsOffset) + 2 * reader + (pairEpoch & 1);
-  }
-  DeliveryCount* deliveries(int from) const {
-    return reinterpret_cast<DeliveryCount*>(base + deliveriesOffset(groupSize)) + from;
-  }
-  char* slot(uint64_t ownEpoch) const {
-    return base + slotsOffset(groupSize) + (ownEpoch & 1) * kSlotBytes;
-  }
-  // The ring that rank `producer` writes into this segment.
-  SharedRing* ring(int producer) const {
-    return reinterpret_cast<SharedRing*>(base + ringsOffset(groupSize)) + producer;
-  }
-};
-
-// The message layer's Link to one peer: this rank's ring in the peer's segment out, the peer's
-// ring in this rank's segment in, and the peer's memory by process_vm_readv.
-class ShmTransport::RingLink : public Link {
- public:
-  RingLink(SharedRing* out, SharedRing* in, ControlBlock* peerControl, int pid, int peerRank, bool peerReads)
-      : out_(out), in_(in), peerControl_(peerControl), pid_(pid), peerRank_(peerRank), peerReads_(peerReads) {}
-
-  size_t write(const iovec* parts, int count) override {
-    size_t wanted = 0;
-    for (int i = 0; i < count; ++i) {
-      wanted += parts[i].iov_len;
-    }
-    uint64_t free = freeBytes(out_->tail.load(std::memory_order_acquire));
-    if (free < wanted) {
-      // Ask the consumer to ring us when it frees space, then look again in case it just did.
-      out_->producerWaiting.store(1, std::memory_order_seq_cst);
-      free = freeBytes(out_->tail.load(std::memory_order_seq_cst));
-    }
-    size_t took = 0;
-    for (int i = 0; i < count && free > 0; ++i) {
-      const size_t n = std::min<size_t>(free, parts[i].iov_len);
-      copyIn(out_->data, sendPos_, static_cast<const char*>(parts[i].iov_base), n);
-      sendPos_ += n;
-      free -= n;
-      took += n;
-    }
-    return took;
-  }
-
-  ssize_t read(char* dst, size_t n) override {
-    const uint64_t head = in_->head.load(std::memory_order_acquire);
-    const uint64_t available = head - recvPos_;
-    // The peer writes the head in this rank's segment: a head behind what was read, or ahead by
-    // more than the ring holds, would copy from past the ring.
-    if (head < recvPos_ || available > kRingBytes) {
-      brokeRing("head", head, "read", recvPos_);
-    }
-    const size_t got = std::min<uint64_t>(n, available);
-    copyOut(dst, in_->data, recvPos_, got);
-    recvPos_ += got;
-    return static_cast<ssize_t>(got);
-  }
-
-  void flush() override {
-    out_->head.store(sendPos_, std::memory_order_release);
-    ringDoorbell(peerControl_);
-  }
-
-  void consumed() override {
-    in_->tail.store(recvPos_, std::memory_order_seq_cst);
-    if (in_->producerWaiting.exchange(0, std::memory_order_seq_cst) != 0) {
-      ringDoorbell(peerControl_);
-    }
-  }
-
-  size_t peerReadsAbove() const override {
-    return peerReads_ ? kSingleCopyBytes : SIZE_MAX;
-  }
-
-  // One copy by the kernel, never a wait: done when startRead returns (continueRead: true).
-  void startRead(uint64_t address, uint64_t key, char* dst, size_t n) override {
-    guardedCrossCopy(peerControl_, pid_, peerRank_, dst, address, n, true);
-  }
-
- private:
-  // Room in the ring out, given the consumer's tail, which the peer writes in its segment: a tail
-  // ahead of what was written, or behind it by more than the ring holds, would copy past the ring.
-  uint64_t freeBytes(uint64_t tail) const {
-    if (tail > sendPos_ || sendPos_ - tail > kRingBytes) {
-      brokeRing("tail", tail, "written", sendPos_);
-    }
-    return kRingBytes - (sendPos_ - tail);
-  }
-
-  // The peer set its ring's `field` to `theirs`, which no write of its could have, `ours` bytes
-  // having been `done` here: fails the peer.
-  [[noreturn]] void brokeRing(const char* field, uint64_t theirs, const char* done, uint64_t ours) const {
-    throw CommError(CommError::Kind::kPeer, rankName(peerRank_) + " broke the wire protocol: its ring's " + field +
-                                                " is at byte " + std::to_string(theirs) + " where " +
-                                                std::to_string(ours) + " were " + done + " and the ring holds " +
-                                                std::to_string(kRingBytes));
-  }
-
-  SharedRing* out_;
-  SharedRing* in_;
-  ControlBlock* peerControl_;
-  int pid_;
-  int peerRank_;
-  bool peerReads_;
-  uint64_t sendPos_ = 0;
-  uint64_t recvPos_ = 0;
-};
 
 struct ShmTransport::Peer {
   int rank = -1;
@@ -391,7 +106,7 @@ ShmTransport::~ShmTransport() {
 }
 
 void ShmTransport::connectAll(Rendezvous& rendezvous, const std::vector<int>& members) {
-  const size_t bytes = segmentBytes(size());
+  const size_t bytes = shm::segmentBytes(size());
   int fd = ::memfd_create(("torus-rank" + std::to_string(rank())).c_str(), MFD_CLOEXEC);
   if (fd < 0) {
     throw CommError(CommError::Kind::kPeer, systemError("torus: memfd_create"));
@@ -539,7 +254,12 @@ bool ShmTransport::sleep(std::unique_lock<std::mutex>& lock, Deadline deadline) 
   ControlBlock* control = self_->control();
   const uint32_t seen = control->doorbell.load(std::memory_order_seq_cst);
   control->sleepers.fetch_add(1, std::memory_order_seq_cst);
-  bool happened = tryAll() || aborted_.load();
+  // A piece of a read left to copy is work for now (workOutsideLock), not a reason to sleep.
+  const auto toCopy = [this] {
+    return std::any_of(peers_.begin(), peers_.end(),
+                       [](const auto& peer) { return peer && peer->link && peer->link->reading().toCopy(); });
+  };
+  bool happened = tryAll() || aborted_.load() || toCopy();
   if (!happened) {
     lock.unlock();
     futexWait(&control->doorbell, seen, sleepFor(deadline));
@@ -548,6 +268,25 @@ bool ShmTransport::sleep(std::unique_lock<std::mutex>& lock, Deadline deadline) 
   }
   control->sleepers.fetch_sub(1, std::memory_order_seq_cst);
   return happened;
+}
+
+bool ShmTransport::workOutsideLock(std::unique_lock<std::mutex>& lock) {
+  // At most one piece per peer's read, all copied in one release of the lock.
+  std::vector<shm::SingleCopyRead*> claimed;
+  for (auto& peer : peers_) {
+    if (peer && peer->link && peer->link->reading().claim()) {
+      claimed.push_back(&peer->link->reading());
+    }
+  }
+  if (claimed.empty()) {
+    return false;
+  }
+  lock.unlock();
+  for (shm::SingleCopyRead* reading : claimed) {
+    reading->copyClaimed();
+  }
+  lock.lock();
+  return true;
 }
 
 void ShmTransport::wakeSleeper() {
@@ -568,7 +307,7 @@ void ShmTransport::announceAbort(const std::string& why) {
   }
   // Peers' copies from or into this rank's buffers end before abort() returns and the buffers
   // go; a peer that does not finish in time is stuck anyway.
-  const Deadline drained = Clock::now() + kCrossCopyDrain;
+  const Deadline drained = Clock::now() + shm::kCrossCopyDrain;
   while (control->crossCopiers.load(std::memory_order_seq_cst) != 0 && Clock::now() < drained) {
     std::this_thread::yield();
   }

@@ -11,8 +11,10 @@
 // matches messages on one ring per direction: the receiver's inbound ring for the sender, a
 // byte stream. A message above kSingleCopyBytes, when the receiver can read the sender's memory
 // (process_vm_readv, "CMA"), carries only the sender's address: the receiver copies the payload
-// straight from the sender's buffer into its own once its receive is posted. Otherwise the
-// payload streams through the ring, so staging is the ring's size however large the message.
+// straight from the sender's buffer into its own once its receive is posted, a bounded piece at a
+// time with the transport's lock released, stopping when the sender gives up (peer_memory.h).
+// Otherwise the payload streams through the ring, so staging is the ring's size however large
+// the message. The segment's layout: shm_segment.h; the Link over the rings: ring_link.h.
 //
 // Collective support (SharedMemory, for a Comm over ranks this transport connects: the whole
 // group, or a torus row on this host): a rank posts {address, bytes, signature} to each peer of a
@@ -83,6 +85,8 @@ class ShmTransport : public MessageTransport {
   void waitUntil(Ready ready, Deadline deadline, const std::function<std::string()>& waitingFor,
                  const std::function<void()>& whenIdle);
   bool sleep(std::unique_lock<std::mutex>& lock, Deadline deadline) override;
+  // Copies a piece of each single-copy receive under way (RingLink, SingleCopyRead).
+  bool workOutsideLock(std::unique_lock<std::mutex>& lock) override;
   void wakeSleeper() override;
   bool checkPeers() override;
   void whenIdle() override;
