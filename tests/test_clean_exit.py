@@ -52,3 +52,46 @@ def _check_jobs(transport, jobs, options, tmp_path):
     failed = [r for r in ranks if r["status"] != 0 or not r["callbacks_ran"]]
     assert not failed, "\n".join(f"job {r['job']} rank {r['rank']} ({r['ending']}): exit status {r['status']}, "
                                  f"callbacks ran: {r['callbacks_ran']}\n{r['stderr']}" for r in failed)
+
+
+RAISING_JOB = """
+import datetime, sys, time
+import torch, torch.distributed as dist
+import torch_torus
+rank, path = int(sys.argv[1]), sys.argv[2]
+dist.init_process_group("torus", init_method="file://" + path, rank=rank, world_size=2,
+                        timeout=datetime.timedelta(seconds=20))
+dist.all_reduce(torch.ones(4))
+if rank == 1:
+    raise RuntimeError("the training step failed")
+time.sleep(1.0)
+try:
+    dist.all_reduce(torch.ones(4))
+    print("the all_reduce without rank 1 returned")
+except dist.DistBackendError as error:
+    print(error)
+"""
+
+
+@pytest.mark.parametrize("transport", ["shm", "tcp", "ofi"])
+def test_peer_that_raised_is_named_as_ended_not_as_destroyed(transport, tmp_path):
+    """Rank 1's script raises with its group alive: rank 0's next collective fails saying rank 1
+    ended without destroying its group, not that it destroyed it (which calls for other advice)."""
+    if transport == "ofi" and harness.without_ofi():
+        pytest.skip(harness.without_ofi())
+    environ = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path), "TORUS_TRANSPORT": transport,
+               "TORUS_TRACE_DIR": str(tmp_path / "traces")}
+    store = str(tmp_path / "store")
+    ranks = [subprocess.Popen([sys.executable, "-c", RAISING_JOB, str(rank), store], env=environ,
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for rank in (0, 1)]
+    try:
+        out, err = ranks[0].communicate(timeout=90)
+        ranks[1].communicate(timeout=30)
+    finally:
+        for process in ranks:
+            if process.poll() is None:
+                process.kill()
+                process.wait()
+    assert "rank 1 ended without destroying its process group" in out, out + err
+    assert "destroyed its process group" not in out.replace("ended without destroying its process group", ""), out
+    assert ranks[1].returncode == 1, ranks[1].returncode

@@ -1,15 +1,15 @@
 #include "backend/process_ending.h"
 
-#include <atomic>
 #include <chrono>
 #include <mutex>
 #include <thread>
+
+#include "transport/departure.h"
 
 namespace torus {
 
 namespace {
 
-std::atomic<bool> ending{false};
 std::mutex enderMutex;
 std::thread::id ender;
 
@@ -18,11 +18,11 @@ std::thread::id ender;
 void markProcessEnding() {
   std::lock_guard<std::mutex> lock(enderMutex);
   ender = std::this_thread::get_id();
-  ending.store(true, std::memory_order_release);
+  noteProcessEnding();
 }
 
 void parkIfProcessEnding() {
-  if (!ending.load(std::memory_order_acquire)) {
+  if (!processEnding()) {
     return;
   }
   {

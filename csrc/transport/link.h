@@ -9,6 +9,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include "transport/departure.h"
 
 namespace torus {
 
@@ -37,6 +38,10 @@ class Link {
   // had a stream to this process).
   virtual bool peerSaidGoodbye() const {
     return false;
+  }
+  // ... and how it left, when peerSaidGoodbye().
+  virtual Departure peerDeparture() const {
+    return Departure::kGroupDestroyed;
   }
 
   // Messages larger than this go by the peer reading this process's memory (startRead on its

@@ -76,7 +76,7 @@ void MessageTransport::peerClosed(Peer& peer) {
     // What the peer received before it left is delivered, though its Link may have
     // learned so only from the peer's goodbye.
     confirmSends(peer);
-    peerLeft(peer.rank, rankName(peer.rank) + " left the group (destroyed its process group)");
+    peerLeft(peer.rank, departureText(peer.rank, peer.left ? peer.departure : peer.link->peerDeparture()));
   } else {
     peerVanished(peer.rank, rankName(peer.rank) +
                                 " closed its connection (the process exited, was killed or aborted its group)");

@@ -189,7 +189,11 @@ bool MessageTransport::onHeader(Peer& peer) {
   }
   switch (header.kind) {
     case kGoodbyeFrame:
+      if (header.sequence > static_cast<uint64_t>(Departure::kProcessEnded)) {
+        return brokeProtocol(peer, "a goodbye of unknown kind " + std::to_string(header.sequence));
+      }
       peer.left = true;
+      peer.departure = static_cast<Departure>(header.sequence);
       return false;
     case kProbeFrame:
       return failDisagreeing(peer.rank, header.sequence, header.call);

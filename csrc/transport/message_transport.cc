@@ -29,6 +29,13 @@ std::string MessageTransport::ownFrame(FrameKind kind, const std::string& text) 
   return std::string(reinterpret_cast<const char*>(&header), sizeof(header)) + text;
 }
 
+std::string MessageTransport::goodbyeFrame() {
+  WireHeader header;
+  header.kind = kGoodbyeFrame;
+  header.sequence = static_cast<uint64_t>(currentDeparture());
+  return std::string(reinterpret_cast<const char*>(&header), sizeof(header));
+}
+
 std::string MessageTransport::faultFrame(const std::string& why) {
   return ownFrame(kFaultFrame, why.substr(0, kFaultTextBytes));
 }

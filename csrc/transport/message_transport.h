@@ -140,6 +140,8 @@ class MessageTransport : public PolledTransport {
   // A frame of the transport's own, as bytes for a Link: a header of `kind`, then `text` as its
   // payload.
   static std::string ownFrame(FrameKind kind, const std::string& text = "");
+  // The goodbye frame this process says now (its sequence: the Departure).
+  static std::string goodbyeFrame();
   // A fault frame saying `why` (cut to kFaultTextBytes).
   static std::string faultFrame(const std::string& why);
 

@@ -14,6 +14,7 @@
 #include <utility>
 #include <vector>
 
+#include "transport/departure.h"
 #include "transport/message_transport.h"
 
 namespace torus {
@@ -45,8 +46,10 @@ struct MessageTransport::Peer {
   Link* link = nullptr; // null until the transport attaches one
   bool used = false; // in used_
   std::string failure;
-  // The peer said goodbye: it destroyed its group, so the end of its stream is no failure.
+  // The peer said goodbye: it destroyed its group or its process ended, so the end of its stream
+  // is no failure; `departure` says which.
   bool left = false;
+  Departure departure = Departure::kGroupDestroyed;
   // The peer itself failed (it died, its stream broke, it gave up) or left: nothing more can be
   // told to it. Other peers of a failed group are failed but can still hear why.
   bool broke = false;

@@ -326,4 +326,8 @@ void Lifelines::closeAll(std::chrono::milliseconds linger) {
   unknown_.clear();
 }
 
+std::string goodbyeWhy(Departure departure) {
+  return departure == Departure::kProcessEnded ? "its process ended" : "";
+}
+
 } // namespace torus::ofi

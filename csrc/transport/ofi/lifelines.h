@@ -24,6 +24,7 @@
 #include <vector>
 
 #include "transport/group_secret.h"
+#include "transport/departure.h"
 
 namespace torus::ofi {
 
@@ -34,8 +35,11 @@ struct Farewell {
   // What the peer read of this rank's stream: those sends are delivered even where the fabric
   // reports their completion only after the peer's endpoint closed (rxm over tcp does).
   uint64_t readBytes = 0;
-  std::string why; // kFault: the reason the peer gave up
+  std::string why; // kFault: the reason the peer gave up; kGoodbye: goodbyeWhy of how it left
 };
+
+// A goodbye's text: how the rank leaves (empty: it destroyed its group).
+std::string goodbyeWhy(Departure departure);
 
 class Lifelines {
  public:

@@ -208,7 +208,7 @@ std::string OfiTransport::Stream::endedWhy() const {
     return lifelines.endedWhy(peer);
   }
   return farewell->kind == ofi::Farewell::kFault ? rankName(peer) + " gave up on the group: " + farewell->why
-                                                 : rankName(peer) + " left the group (destroyed its process group)";
+                                                 : departureText(peer, peerDeparture());
 }
 
 ssize_t OfiTransport::Stream::broken() {
@@ -339,6 +339,12 @@ void OfiTransport::Stream::consumed() {
 bool OfiTransport::Stream::peerSaidGoodbye() const {
   const auto& farewell = transport->lifelines_.farewell(peer);
   return farewell && farewell->kind == ofi::Farewell::kGoodbye;
+}
+
+Departure OfiTransport::Stream::peerDeparture() const {
+  const auto& farewell = transport->lifelines_.farewell(peer);
+  return farewell && farewell->why == ofi::goodbyeWhy(Departure::kProcessEnded) ? Departure::kProcessEnded
+                                                                                : Departure::kGroupDestroyed;
 }
 
 size_t OfiTransport::Stream::peerReadsAbove() const {

@@ -188,6 +188,7 @@ struct OfiTransport::Stream : Link {
   void consumed() override;
 
   bool peerSaidGoodbye() const override;
+  Departure peerDeparture() const override;
 
   size_t peerReadsAbove() const override;
 

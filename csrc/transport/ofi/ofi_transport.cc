@@ -113,10 +113,12 @@ OfiTransport::~OfiTransport() {
   destroying_ = true;
   for (Stream* stream : made_) {
     if (peerFailure(stream->peer).empty() && betweenFrames(stream->peer)) {
-      stream->farewell += ownFrame(kGoodbyeFrame);
+      stream->farewell += goodbyeFrame();
     }
   }
-  sayFarewells(groupFailure().empty() ? ofi::Farewell::kGoodbye : ofi::Farewell::kFault, groupFailure());
+  // A goodbye's text says how this rank leaves (departure.h); a fault's, why it gave up.
+  sayFarewells(groupFailure().empty() ? ofi::Farewell::kGoodbye : ofi::Farewell::kFault,
+               groupFailure().empty() ? ofi::goodbyeWhy(currentDeparture()) : groupFailure());
   const Deadline until = Clock::now() + kFarewellLinger;
   for (bool drained = false; !drained && Clock::now() < until;) {
     pump();

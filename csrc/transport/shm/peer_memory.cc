@@ -89,16 +89,16 @@ void SingleCopyRead::copyClaimed() {
     }
   } ending{copying_};
   const size_t piece = std::min(kPieceBytes, n_ - done_);
-  const auto leftText = [this] {
-    return rankName(peerRank_) + " left the group (destroyed its process group) while this rank read its message";
+  const auto leftText = [this](uint32_t left) {
+    return departureText(peerRank_, departureOf(left)) + " while this rank read its message";
   };
   try {
-    if (peer_->left.load(std::memory_order_seq_cst) != 0) {
-      failure_ = leftText();
+    if (const uint32_t left = peer_->left.load(std::memory_order_seq_cst); left != 0) {
+      failure_ = leftText(left);
     } else {
       guardedCrossCopy(peer_, pid_, peerRank_, dst_ + done_, address_ + done_, piece, true);
-      if (peer_->left.load(std::memory_order_seq_cst) != 0) {
-        failure_ = leftText();
+      if (const uint32_t after = peer_->left.load(std::memory_order_seq_cst); after != 0) {
+        failure_ = leftText(after);
       } else {
         done_ += piece;
       }

@@ -15,6 +15,7 @@
 #include <cstring>
 #include <string>
 
+#include "transport/departure.h"
 #include "transport/shm/shm_transport.h"
 
 namespace torus {
@@ -42,7 +43,7 @@ struct ControlBlock {
   // The cores the owner may run on (its affinity mask when it connected).
   cpu_set_t cores;
   // Set when the owner destroys its transport: its exit afterwards is a departure, not a death.
-  std::atomic<uint32_t> left;
+  std::atomic<uint32_t> left; // 0: here; else 1 + its Departure (departureOf)
   // Set when the owner gives up on the group (abort()); faultText says why.
   std::atomic<uint32_t> faulted;
   char faultText[kFaultTextBytes];
@@ -146,5 +147,12 @@ struct ShmTransport::Segment {
     return reinterpret_cast<shm::SharedRing*>(base + shm::ringsOffset(groupSize)) + producer;
   }
 };
+
+// How a peer left, from its segment's `left` (written by the peer: a value of no Departure reads
+// as a destroyed group).
+inline Departure departureOf(uint32_t left) {
+  return left == 1 + static_cast<uint32_t>(Departure::kProcessEnded) ? Departure::kProcessEnded
+                                                                      : Departure::kGroupDestroyed;
+}
 
 } // namespace torus

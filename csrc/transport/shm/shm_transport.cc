@@ -96,7 +96,8 @@ ShmTransport::ShmTransport(int rank, int size, Rendezvous& rendezvous, std::vect
 ShmTransport::~ShmTransport() {
   leaveHelper();
   if (self_->base != nullptr) {
-    self_->control()->left.store(1, std::memory_order_seq_cst);
+    // 1 + the Farewell: 0 stays "still here".
+    self_->control()->left.store(1 + static_cast<uint32_t>(currentDeparture()), std::memory_order_seq_cst);
     for (auto& peer : peers_) {
       if (peer) {
         ring(peer->rank);
@@ -203,9 +204,9 @@ void ShmTransport::checkLiveness() {
     if (!peer || !peerFailure(peer->rank).empty()) {
       continue;
     }
-    if (peer->segment.control()->left.load(std::memory_order_acquire) != 0) {
+    if (const uint32_t left = peer->segment.control()->left.load(std::memory_order_acquire); left != 0) {
       // Requests still owed by a rank that destroyed its group fail; the group lives on.
-      peerLeft(peer->rank, "rank " + std::to_string(peer->rank) + " left the group (destroyed its process group)");
+      peerLeft(peer->rank, departureText(peer->rank, departureOf(left)));
       continue;
     }
     pollfd pfd{peer->pidfd, POLLIN, 0};

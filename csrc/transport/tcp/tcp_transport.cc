@@ -170,7 +170,7 @@ TcpTransport::~TcpTransport() {
   for (Pair* pair : linked_) {
     // Only between whole frames: a connection mid-frame just closes.
     if (peerFailure(pair->peer).empty() && betweenFrames(pair->peer)) {
-      pair->sayFarewell(ownFrame(kGoodbyeFrame));
+      pair->sayFarewell(goodbyeFrame());
     }
   }
   if (!groupFailure().empty()) {
