@@ -53,7 +53,7 @@ void writeToStderr(const std::string& line) {
     const ssize_t wrote = ::write(STDERR_FILENO, line.data() + done, line.size() - done);
     if (wrote > 0) {
       done += static_cast<size_t>(wrote);
-    } else if (wrote < 0 && errno != EINTR) {
+    } else if (wrote == 0 || errno != EINTR) {
       return;
     }
   }
