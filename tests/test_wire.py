@@ -17,6 +17,7 @@ import hmac
 import os
 import socket
 import struct
+import sys
 import time
 
 import pytest
@@ -441,14 +442,12 @@ def _turned_away_lines(offset):
         return [line for line in f.read().decode(errors="replace").splitlines() if "warning: turned away" in line]
 
 
-def _case_flood(ctx):
-    import re
+def _allreduces_during_flood(ctx, group, run, adversary):
+    """The adversary floods the victim's listening socket while both run allreduces on the group
+    until it is done; (problems, allreduces run, seconds)."""
     import threading
 
-    adversary, victim = 1, 0
-    group, made, run = _attacked_group(ctx, victim, timeout=SHORT_TIMEOUT)
     problems, answered, errors = [], [], []
-    logged = _stderr_size()
     dist.barrier()
     started = time.monotonic()
     dialers = []
@@ -474,13 +473,22 @@ def _case_flood(ctx):
             problems.append("the flood did not end within 120 s")
             break
     elapsed = time.monotonic() - started
-    if ctx.rank == adversary:
-        for dialer in dialers:
-            dialer.join(timeout=30)
-        problems += [f"a dialer failed: {e}" for e in errors[:3]]
-        problems += [f"{len(answered)} connections that sent no hello were answered, e.g. {answered[0][:40]!r}"
-                     ] if answered else []
-    else:
+    for dialer in dialers:
+        dialer.join(timeout=30)
+    problems += [f"a dialer failed: {e}" for e in errors[:3]]
+    problems += [f"{len(answered)} connections that sent no hello were answered, e.g. {answered[0][:40]!r}"
+                 ] if answered else []
+    return problems, rounds, elapsed
+
+
+def _case_flood(ctx):
+    import re
+
+    adversary, victim = 1, 0
+    group, made, run = _attacked_group(ctx, victim, timeout=SHORT_TIMEOUT)
+    logged = _stderr_size()
+    problems, rounds, elapsed = _allreduces_during_flood(ctx, group, run, adversary)
+    if ctx.rank == victim:
         # The one summary still due comes within SUMMARY_EVERY_S of the flood's end.
         deadline = time.monotonic() + SUMMARY_EVERY_S + 10
         summary = re.compile(r"turned away (\d+) more TCP connections in the last [0-9.]+ s.*; (\d+) turned away so far")
@@ -508,6 +516,49 @@ def _case_flood(ctx):
 
 def test_a_flood_of_bad_hellos_is_closed_unanswered_and_logged_at_a_bounded_rate():
     harness.check(BACKEND, 2, _case_flood, timeout=240)
+
+
+def _case_flood_with_stderr_stalled(ctx):
+    """The victim's stderr is a pipe that is full and that nobody reads: the flood's warnings wait
+    for it, the group's collectives do not."""
+    import fcntl
+    import threading
+
+    adversary, victim = 1, 0
+    group, made, run = _attacked_group(ctx, victim, timeout=SHORT_TIMEOUT)
+    if ctx.rank == victim:
+        sys.stderr.flush()
+        drain, full = os.pipe()
+        fcntl.fcntl(full, fcntl.F_SETFL, os.O_NONBLOCK)
+        try:
+            while True:
+                os.write(full, b"x" * 65536)
+        except BlockingIOError:
+            pass
+        fcntl.fcntl(full, fcntl.F_SETFL, 0)
+        log = os.dup(2)
+        os.dup2(full, 2)
+    try:
+        problems, rounds, elapsed = _allreduces_during_flood(ctx, group, run, adversary)
+    finally:
+        if ctx.rank == victim:
+            os.dup2(log, 2)
+            os.close(log)
+            os.close(full)
+
+            def read_all():  # the writer's stalled line ends once the pipe drains
+                while os.read(drain, 65536):
+                    pass
+                os.close(drain)
+
+            threading.Thread(target=read_all, daemon=True).start()
+    dist.barrier()
+    dist.destroy_process_group(group)
+    return problems + _default_group_right(ctx)
+
+
+def test_a_stalled_stderr_stalls_no_collective():
+    harness.check(BACKEND, 2, _case_flood_with_stderr_stalled, timeout=240)
 
 
 def _case_unproven_after_abort(ctx):
