@@ -173,3 +173,26 @@ def test_no_epoch_is_taken_from_an_earlier_group():
     # its generation claim their places there, until the next rank 0 supersedes it.
     server.add("torus/epoch/generations", RANK0_ARRIVAL)
     fresh_group()
+
+
+def _busiest_on_one_host(ranks: int) -> tuple[int, list[str]]:
+    """The most store operations any rank issues (torch's own included) to create a group of
+    `ranks` ranks on one host over shared memory and run one all_reduce; and that rank's
+    operations."""
+    results = harness.run_job("torus", ranks, _case_real_creation, env={"TORUS_TRANSPORT": "shm"},
+                              timeout=60 + 10 * ranks)
+    assert all(r["sum"] == ranks for r in results), [r["sum"] for r in results]
+    busiest = max(results, key=lambda r: r["with_all_reduce"])
+    return busiest["with_all_reduce"], busiest["creation"]
+
+
+def test_store_operations_stay_constant_with_the_ranks_of_a_host():
+    """A rank reads every peer of its host's shared-memory segment in one batched store operation
+    (and their readiness in one more): the busiest rank's store operations for creation and one
+    all_reduce at 4 times the ranks are within 8 of those at a quarter. (Measured by hand: 8 ranks
+    against 32, the bound the issue set.)"""
+    few, few_ops = _busiest_on_one_host(4)
+    many, many_ops = _busiest_on_one_host(16)
+    print(f"busiest rank's store operations, creation and one all_reduce on one host over shm: "
+          f"{few} at 4 ranks, {many} at 16")
+    assert many - few <= 8, (few, many, few_ops, many_ops)

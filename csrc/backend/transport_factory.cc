@@ -23,6 +23,17 @@ class StoreRendezvous : public Rendezvous {
     auto value = store_->get(key);
     return std::string(value.begin(), value.end());
   }
+  std::vector<std::string> multiGet(const std::vector<std::string>& keys) override {
+    std::vector<std::string> values;
+    if (keys.empty()) {
+      return values; // no store operation for a rank alone on its host
+    }
+    values.reserve(keys.size());
+    for (const auto& value : store_->multiGet(keys)) {
+      values.emplace_back(value.begin(), value.end());
+    }
+    return values;
+  }
   bool looksUpFromAnyThread() const override {
     return true;
   }

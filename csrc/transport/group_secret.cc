@@ -4,7 +4,6 @@
 #include <sys/socket.h>
 
 #include <cerrno>
-#include <cstdio>
 #include <cstring>
 #include <stdexcept>
 
@@ -51,15 +50,6 @@ Digest prove(const std::string& secret, const char* purpose, int from, int to, c
 bool Gatekeeper::admits(const char* purpose, int from, const Nonce& nonce, const Digest& proof,
                         const std::string& carried) {
   return sameDigest(proof, prove(secret_, purpose, from, rank_, nonce, carried)) && seen_.insert(nonce).second;
-}
-
-void Gatekeeper::turnAway(const std::string& from, const std::string& why) {
-  ++turnedAway_;
-  std::fprintf(stderr,
-               "[torus rank %d] warning: turned away a %s from %s: it did not prove it belongs to the group (%s); "
-               "%d turned away so far\n",
-               rank_, what_, from.c_str(), why.c_str(), turnedAway_);
-  std::fflush(stderr);
 }
 
 std::string foreignHello(uint32_t magic, int rank, int size) {

@@ -10,11 +10,13 @@
 
 #include <array>
 #include <cstdint>
+#include <memory>
 #include <set>
 #include <string>
 
 #include "transport/hmac.h"
 #include "transport/rendezvous.h"
+#include "transport/turned_away_log.h"
 
 namespace torus {
 
@@ -33,12 +35,12 @@ Digest prove(const std::string& secret, const char* purpose, int from, int to, c
              const std::string& carried = "");
 
 // A transport's door: checks the proofs its peers' hellos carry, remembers their nonces, and
-// counts and reports the connections it turned away.
+// counts and reports the connections it turned away (turned_away_log.h).
 class Gatekeeper {
  public:
   // `what`: what it turns away ("TCP connection", ...).
   Gatekeeper(std::string secret, int rank, const char* what)
-      : secret_(std::move(secret)), rank_(rank), what_(what) {}
+      : secret_(std::move(secret)), door_(TurnedAwayLog::open(rank, what)), rank_(rank) {}
 
   const std::string& secret() const {
     return secret_;
@@ -47,18 +49,17 @@ class Gatekeeper {
   // and is no replay (its nonce is then remembered).
   bool admits(const char* purpose, int from, const Nonce& nonce, const Digest& proof,
               const std::string& carried = "");
-  // Counts a connection turned away and warns on stderr, saying where it came from and why.
-  void turnAway(const std::string& from, const std::string& why);
-  int turnedAway() const {
-    return turnedAway_;
+  // Counts a connection turned away and warns on stderr, saying where it came from and why, at
+  // a bounded rate and from another thread: it never writes itself.
+  void turnAway(const std::string& from, const std::string& why) {
+    TurnedAwayLog::turnedAway(door_, from, why);
   }
 
  private:
   const std::string secret_;
+  const std::shared_ptr<TurnedAwayLog::Door> door_;
   const int rank_;
-  const char* const what_;
   std::set<Nonce> seen_;
-  int turnedAway_ = 0;
 };
 
 // What a rank that dials a TCP connection (the TCP transport's, a lifeline) sends first; `magic`

@@ -11,6 +11,7 @@
 #include <optional>
 #include <string>
 #include <thread>
+#include <vector>
 
 #include "transport/transport.h"
 
@@ -22,6 +23,17 @@ class Rendezvous {
   virtual void set(const std::string& key, const std::string& value) = 0;
   // Blocks until the key is set (or the store's own timeout throws).
   virtual std::string get(const std::string& key) = 0;
+  // The values of `keys`, in their order, read in one store operation where the store has one:
+  // a rank's setup reads every peer's key at once, so its store operations stay the same however
+  // many peers it has. Blocks until every key is set, as get: only for keys that will be.
+  virtual std::vector<std::string> multiGet(const std::vector<std::string>& keys) {
+    std::vector<std::string> values;
+    values.reserve(keys.size());
+    for (const auto& key : keys) {
+      values.push_back(get(key));
+    }
+    return values;
+  }
   // Whether waitFor works, later and from a thread of the transport's own: not for a store
   // behind Python callbacks that only its creating thread may call.
   virtual bool looksUpFromAnyThread() const {

@@ -136,14 +136,25 @@ void ShmTransport::connectAll(Rendezvous& rendezvous, const std::vector<int>& me
   mine << ::getpid() << ' ' << fd << ' ' << bytes << ' ' << reinterpret_cast<uintptr_t>(base);
   rendezvous.set("shm/" + std::to_string(rank()), mine.str());
 
-  bool readsAll = true;
+  // Every peer's segment is read in one store operation (and their readiness in one more), so
+  // setup costs a rank the same store operations at 4 ranks on its host as at 64.
+  std::vector<int> peerRanks;
+  std::vector<std::string> segmentKeys;
+  std::vector<std::string> readyKeys;
   for (int r : members) {
-    if (r == rank()) {
-      continue;
+    if (r != rank()) {
+      peerRanks.push_back(r);
+      segmentKeys.push_back("shm/" + std::to_string(r));
+      readyKeys.push_back("shm/ready/" + std::to_string(r));
     }
+  }
+  const std::vector<std::string> segments = rendezvous.multiGet(segmentKeys);
+  bool readsAll = true;
+  for (size_t i = 0; i < peerRanks.size(); ++i) {
+    const int r = peerRanks[i];
     auto peer = std::make_unique<Peer>();
     peer->rank = r;
-    std::istringstream theirs(rendezvous.get("shm/" + std::to_string(r)));
+    std::istringstream theirs(segments[i]);
     int peerFd = -1;
     size_t peerBytes = 0;
     uintptr_t peerBase = 0;
@@ -183,15 +194,14 @@ void ShmTransport::connectAll(Rendezvous& rendezvous, const std::vector<int>& me
   // handles left besides the mappings) can close.
   rendezvous.set("shm/ready/" + std::to_string(rank()), readsAll ? "1" : "0");
   singleCopy_ = readsAll;
-  for (auto& peer : peers_) {
-    if (peer) {
-      peer->readsSingleCopy = rendezvous.get("shm/ready/" + std::to_string(peer->rank)) == "1";
-      singleCopy_ = singleCopy_ && peer->readsSingleCopy;
-      peer->link = std::make_unique<RingLink>(peer->segment.ring(rank()), self_->ring(peer->rank),
-                                              peer->segment.control(), peer->pid, peer->rank,
-                                              peer->readsSingleCopy);
-      attach(peer->rank, peer->link.get());
-    }
+  const std::vector<std::string> ready = rendezvous.multiGet(readyKeys);
+  for (size_t i = 0; i < peerRanks.size(); ++i) {
+    Peer& peer = *peers_[peerRanks[i]];
+    peer.readsSingleCopy = ready[i] == "1";
+    singleCopy_ = singleCopy_ && peer.readsSingleCopy;
+    peer.link = std::make_unique<RingLink>(peer.segment.ring(rank()), self_->ring(peer.rank), peer.segment.control(),
+                                           peer.pid, peer.rank, peer.readsSingleCopy);
+    attach(peer.rank, peer.link.get());
   }
 }
 

@@ -58,7 +58,8 @@ class ShmTransport : public MessageTransport {
   static constexpr size_t kSlotBytes = SharedMemory::kSlotBytes;
 
   // Ranks are the group's; `members` are the ranks this transport connects (this host's), every
-  // rank when empty. Setup is bounded by the rendezvous store's own timeout.
+  // rank when empty. Setup reads the peers' keys in two batched store operations, however many
+  // they are, and is bounded by the rendezvous store's own timeout.
   ShmTransport(int rank, int size, Rendezvous& rendezvous, std::vector<int> members = {},
                MessageOptions messages = {});
   ~ShmTransport() override;

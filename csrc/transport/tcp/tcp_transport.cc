@@ -174,7 +174,9 @@ TcpTransport::~TcpTransport() {
     }
   }
   if (!groupFailure().empty()) {
-    answerWaiting(groupFailure()); // closing the listening socket would reset them unanswered
+    // Peers whose proven hellos are in hear why; closing the listening socket would reset them
+    // unanswered.
+    advanceIncoming();
   }
   deliverFarewells();
   for (Pair* pair : linked_) {
@@ -259,34 +261,7 @@ bool TcpTransport::checkPeers() {
 }
 
 bool TcpTransport::advanceConnections() {
-  bool changed = false;
-  acceptWaiting();
-  for (size_t i = 0; i < incoming_.size();) {
-    Incoming& incoming = incoming_[i];
-    ssize_t got = ::recv(incoming.fd, incoming.hello + incoming.helloRead, sizeof(Hello) - incoming.helloRead,
-                         MSG_DONTWAIT);
-    const bool broken = got == 0 || (got < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR);
-    if (got > 0) {
-      incoming.helloRead += static_cast<size_t>(got);
-    }
-    // A socket that closes, stays silent or says nothing sensible is no peer of this group (or a
-    // connection its rank gave up for ours); it is dropped without an answer.
-    const bool done = incoming.helloRead == sizeof(Hello);
-    if (broken || Clock::now() >= incoming.deadline || done) {
-      const int fd = incoming.fd;
-      if (!broken && !done) {
-        gate_.turnAway(peerAddress(fd), "it sent no hello within " + std::to_string(timeout_.count()) + " ms");
-      }
-      const bool kept = done && !broken && answerHello(incoming);
-      incoming_.erase(incoming_.begin() + static_cast<std::ptrdiff_t>(i));
-      if (!kept) {
-        closeSocket(fd);
-      }
-      changed |= kept;
-      continue;
-    }
-    ++i;
-  }
+  bool changed = advanceIncoming();
   for (auto it = dials_.begin(); it != dials_.end();) {
     const int peer = it->first;
     const bool linked = advanceDial(peer, it->second);
@@ -299,6 +274,34 @@ bool TcpTransport::advanceConnections() {
     }
   }
   return changed;
+}
+
+bool TcpTransport::advanceIncoming() {
+  bool linked = false;
+  acceptWaiting();
+  for (size_t i = 0; i < incoming_.size();) {
+    Incoming& incoming = incoming_[i];
+    ssize_t got = ::recv(incoming.fd, incoming.hello + incoming.helloRead, sizeof(Hello) - incoming.helloRead,
+                         MSG_DONTWAIT);
+    const bool broken = got == 0 || (got < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR);
+    if (got > 0) {
+      incoming.helloRead += static_cast<size_t>(got);
+    }
+    // A socket that closes, stays silent or says nothing sensible is no peer of this group (or a
+    // connection its rank gave up for ours); it is closed without a byte written to it.
+    const bool done = incoming.helloRead == sizeof(Hello);
+    if (broken || Clock::now() >= incoming.deadline || done) {
+      if (!broken && !done) {
+        gate_.turnAway(peerAddress(incoming.fd), "it sent no hello within " + std::to_string(timeout_.count()) + " ms");
+      }
+      linked |= done && !broken && answerHello(incoming);
+      closeSocket(incoming.fd); // unless answerHello kept it
+      incoming_.erase(incoming_.begin() + static_cast<std::ptrdiff_t>(i));
+      continue;
+    }
+    ++i;
+  }
+  return linked;
 }
 
 void TcpTransport::acceptWaiting() {
@@ -315,15 +318,6 @@ void TcpTransport::acceptWaiting() {
   }
 }
 
-void TcpTransport::answerWaiting(const std::string& gaveUp) {
-  acceptWaiting();
-  for (auto& incoming : incoming_) {
-    sendVerdict(incoming.fd, kGaveUp, gaveUp);
-    halfMade_.push_back(incoming.fd);
-  }
-  incoming_.clear();
-}
-
 bool TcpTransport::answerHello(Incoming& incoming) {
   Hello hello;
   std::memcpy(&hello, incoming.hello, sizeof(hello));
@@ -336,9 +330,12 @@ bool TcpTransport::answerHello(Incoming& incoming) {
     gate_.turnAway(peerAddress(incoming.fd), unprovenHello(peer));
     return false;
   }
+  // Proven: now it may hear why this rank gave up, and waits to be closed until it has.
   const std::string& gaveUp = groupFailure();
   if (!gaveUp.empty()) {
     sendVerdict(incoming.fd, kGaveUp, gaveUp);
+    halfMade_.push_back(incoming.fd);
+    incoming.fd = -1;
     return false;
   }
   // Both ranks connected at once: the lower rank's connection is kept, on both sides.
@@ -356,6 +353,7 @@ bool TcpTransport::answerHello(Incoming& incoming) {
     dials_.erase(dial);
   }
   link(peer, incoming.fd);
+  incoming.fd = -1;
   return true;
 }
 
@@ -521,10 +519,10 @@ void TcpTransport::announceAbort(const std::string& why) {
       pair->sayFarewell(restOfFrame(pair->peer) + faultFrame(why));
     }
   }
-  // Connections half made are told too, then only wait to be closed. A dial that sent its Hello
-  // may already be a link on the peer's side (its verdict on the way), so a fault frame follows
-  // the Hello; an accepted socket gets the answer every later one will. Both fit in a new
-  // socket's buffer.
+  // Dials are told too, then only wait to be closed. A dial that sent its Hello may already be a
+  // link on the peer's side (its verdict on the way), so a fault frame follows the Hello; it fits
+  // in a new socket's buffer. An accepted socket hears why once its hello proves it comes from a
+  // peer (answerHello): nothing is written to a connection before that.
   const std::string fault = faultFrame(why);
   for (auto& [peer, dial] : dials_) {
     if (dial.fd >= 0) {
@@ -536,7 +534,6 @@ void TcpTransport::announceAbort(const std::string& why) {
     }
   }
   dials_.clear();
-  answerWaiting(why);
 }
 
 void TcpTransport::wakeSleeper() {

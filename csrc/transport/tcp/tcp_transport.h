@@ -12,9 +12,10 @@
 // the proof that it knows the group's secret: group_secret.h); the accepting rank answers with a
 // Verdict (accepted, with its own proof over the nonce; refused; or "I gave up on the group:
 // <why>", which a rank whose group failed or aborted gives every rank that connects until it is
-// destroyed), and only an accepted socket carries messages. A socket whose hello is wrong, unproven
-// or replayed, or that sends none within the timeout, is closed unanswered, counted and reported
-// on stderr with the address it came from. Two ranks may connect
+// destroyed), and only an accepted socket carries messages. Nothing is written to a socket before
+// its hello is proven: one whose hello is wrong, unproven or replayed, or that sends none within
+// the timeout, is closed unanswered, counted and reported on stderr with the address it came from
+// (at a bounded rate: turned_away_log.h). Two ranks may connect
 // to each other at once; then both keep the connection the lower rank made and refuse the other.
 // A refused rank waits for that connection, trying again now and then in case its peer gave up.
 // A peer that refuses to connect at all (its listening socket is gone: it exited, was killed or
@@ -94,11 +95,14 @@ class TcpTransport : public MessageTransport {
   // attached or a peer failed.
   bool advanceConnections();
   bool advanceDial(int peer, Dial& dial);
+  // Accepts the connections waiting and reads their hellos: answers those complete, and closes
+  // those broken, silent past the timeout or unproven without a byte written to them; true when
+  // one became a Link.
+  bool advanceIncoming();
   void acceptWaiting();
-  // The group failed: accepts the connections waiting and answers every accepted one that it
-  // gave up, saying why (they join halfMade_).
-  void answerWaiting(const std::string& gaveUp);
-  // A Hello arrived on an accepted socket: keeps it (true) or refuses it.
+  // A Hello arrived on an accepted socket: links it (true), or answers it that this rank refuses
+  // it or gave up on the group (a proven one), or turns it away. Takes the socket (its fd then -1)
+  // where it linked it or must still deliver the answer (halfMade_).
   bool answerHello(Incoming& incoming);
   void link(int peer, int fd);
   // Pushes out the pairs' farewells and waits until the peers' kernels have them, for at most
@@ -116,7 +120,7 @@ class TcpTransport : public MessageTransport {
   std::vector<Pair*> linked_; // the pairs connected, in the order they were
   std::unordered_map<int, Dial> dials_; // connections this rank is making, by peer
   std::vector<Incoming> incoming_; // accepted sockets whose Hello has not been answered
-  // Connections half made when the group aborted: told why, they wait to be closed.
+  // Connections half made when the group failed: told why, they wait to be closed.
   std::vector<int> halfMade_;
 };
 
