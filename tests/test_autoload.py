@@ -1,8 +1,10 @@
-""""torus" as a backend name without `import torch_torus`: torch's "torch.backends" entry point
+"""The backend name "torus" without `import torch_torus`: torch's "torch.backends" entry point
 registers it at `import torch` (torch_torus_autoload.py) with a creator that loads the extension on
 first use; TORCH_DEVICE_BACKEND_AUTOLOAD=0 turns it off; a registration that fails is a warning,
 never a failed `import torch`. And `torch_torus.backend_of`, which says what a group really runs on.
 Every case runs in fresh interpreters (what `import torch` loads is the point)."""
+
+from __future__ import annotations
 
 import json
 import os
