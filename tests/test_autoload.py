@@ -11,6 +11,7 @@ import os
 import subprocess
 import sys
 import textwrap
+import time
 from importlib.metadata import entry_points
 
 import pytest
@@ -36,13 +37,24 @@ def run_ranks(code: str, size: int, tmp_path) -> list:
     """`code` on `size` ranks of fresh interpreters (argv: rank, size, store file); each prints one
     JSON line last. A rank that fails fails the job at once; none outlives RUN_TIMEOUT_S."""
     store = tmp_path / "store"
+    logs = [(open(tmp_path / f"rank{rank}.out", "w"), open(tmp_path / f"rank{rank}.err", "w")) for rank in range(size)]
     procs = [subprocess.Popen([sys.executable, "-c", textwrap.dedent(code), str(rank), str(size), str(store)],
-                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for rank in range(size)]
+                              stdout=out, stderr=err) for rank, (out, err) in enumerate(logs)]
+    deadline = time.monotonic() + RUN_TIMEOUT_S
     try:
-        outputs = [proc.communicate(timeout=RUN_TIMEOUT_S) for proc in procs]
+        # A rank that fails ends the job: its peers would otherwise wait for it in the store.
+        while any(p.poll() is None for p in procs) and not any(p.poll() for p in procs):
+            assert time.monotonic() < deadline, f"the ranks did not end within {RUN_TIMEOUT_S} s"
+            time.sleep(0.05)
     finally:
         for proc in procs:
             proc.kill()
+            proc.wait()
+    for files in logs:
+        for file in files:
+            file.close()
+    outputs = [((tmp_path / f"rank{rank}.out").read_text(), (tmp_path / f"rank{rank}.err").read_text())
+               for rank in range(size)]
     for rank, (proc, (out, err)) in enumerate(zip(procs, outputs)):
         assert proc.returncode == 0, f"rank {rank} exited {proc.returncode}:\n{out}\n{err}"
     return [json.loads(out.strip().splitlines()[-1]) for out, _ in outputs]
