@@ -1,6 +1,7 @@
 """torch-torus: a collective communication backend for torch.distributed.
 
-``import torch_torus`` registers the backend "torus"::
+Installed, it registers the backend "torus" at ``import torch`` (torch_torus_autoload.py); this
+package is loaded when the first torus group is created, or by ``import torch_torus``::
 
     dist.init_process_group(backend="torus")
 """
@@ -15,6 +16,7 @@ import sys
 
 import torch
 import torch.distributed as dist
+from torch_torus_autoload import BACKEND_NAME, register_backend
 
 from . import _C, callbacks
 from ._version import __version__
@@ -30,11 +32,11 @@ from .topology import (FAILED, Meeting, agree, choose_grid, choose_transport, de
 from .tuning import read as read_tuning
 from .tuning import entries_of, host_memory_gbps, tuned_allreduce
 
-__all__ = ["__version__", "Options", "ConfigError", "SETTINGS", "BACKEND_NAME", "algorithm_for", "traffic", "reset_traffic",
+__all__ = ["__version__", "Options", "ConfigError", "SETTINGS", "BACKEND_NAME", "register", "backend_of",
+           "algorithm_for", "traffic", "reset_traffic",
            "init_from_mpi", "init_from_slurm", "init_from_launcher", "monitored_barrier",
            "host_groups", "HostGroups", "HybridAverager", "HybridUpdateError", "dump_trace"]
 
-BACKEND_NAME = "torus"
 _LOG_LEVELS = {"warn": 0, "info": 1, "debug": 2}
 
 
@@ -238,6 +240,29 @@ def _torus_backend(group: dist.ProcessGroup | None, caller: str) -> _C.ProcessGr
     return backend
 
 
+def backend_of(group: dist.ProcessGroup | None = None, device: str | None = None) -> str:
+    """The backend `group` (default: the world) really runs on, asked of the group's own backend
+    objects rather than of the name it was created with: "torus", "gloo", "nccl", ... when one
+    backend serves all its device types, else torch's device-mapped notation
+    ("cpu:torus,cuda:nccl"); with `device` ("cpu", "cuda"), the one that serves that device type.
+    A framework that picks its own backend (DeepSpeed without init_distributed(dist_backend="torus")
+    falls back to gloo) is caught by ``assert torch_torus.backend_of(device="cpu") == "torus"``."""
+    group = group if group is not None else dist.group.WORLD
+    if group is None:
+        raise RuntimeError("torch_torus.backend_of: no process group; call init_process_group first")
+    if dist.distributed_c10d._rank_not_in_group(group):
+        raise ValueError("torch_torus.backend_of: this rank is not a member of the group")
+    served = {d.type: group._get_backend(d).name() for d in group._device_types}
+    if device is not None:
+        if device not in served:
+            raise ValueError(f"torch_torus.backend_of: the group serves no device type {device!r} "
+                             f"(it serves {sorted(served)})")
+        return served[device]
+    if len(set(served.values())) == 1:
+        return next(iter(served.values()))
+    return ",".join(f"{d}:{served[d]}" for d in sorted(served))
+
+
 def traffic(group: dist.ProcessGroup | None = None) -> dict[str, int]:
     """What this rank has sent in `group` (default: the world) since it was created or reset:
     bytes and messages to peers on its own host and on other hosts (same_host_bytes,
@@ -307,7 +332,15 @@ dist.distributed_c10d.monitored_barrier = monitored_barrier
 # user's own among them, run before it.
 atexit.register(_C.shut_down_groups)
 
-# CUDA is listed so that plain backend="torus" serves CUDA tensors too (a build without the CUDA
-# path answers them with an error naming the tensor, rather than torch's "no backend for device").
+
+
+def register() -> None:
+    """Registers the backend "torus" with torch.distributed. ``import torch_torus`` does it, and so
+    does ``import torch`` where torch-torus is installed; call it where neither has happened in the
+    process that creates the group, or as a framework's setup hook by name
+    (``worker_process_setup_hook="torch_torus.register"`` in Ray)."""
+    register_backend(_create_backend)
+
+
 callbacks.install()
-dist.Backend.register_backend(BACKEND_NAME, _create_backend, extended_api=True, devices=["cpu", "cuda"])
+register()
