@@ -35,7 +35,8 @@ from .tuning import entries_of, host_memory_gbps, tuned_allreduce
 __all__ = ["__version__", "Options", "ConfigError", "SETTINGS", "BACKEND_NAME", "register", "backend_of",
            "algorithm_for", "traffic", "reset_traffic",
            "init_from_mpi", "init_from_slurm", "init_from_launcher", "monitored_barrier",
-           "host_groups", "HostGroups", "HybridAverager", "HybridUpdateError", "dump_trace"]
+           "host_groups", "HostGroups", "HybridAverager", "HybridUpdateError", "dump_trace", "empty_cache",
+           "shared_memory_stats"]
 
 _LOG_LEVELS = {"warn": 0, "info": 1, "debug": 2}
 
@@ -70,6 +71,7 @@ def group_config(values: dict, size: int, hosts: list[str], address: str = "127.
     config.device_stall_ms = max(1, round(values["device_stall_timeout"] * 1000))
     config.host_device = values["host_device"]
     config.trace_buffer = values["trace_buffer"]
+    config.shared_tensor_cache = values["shared_tensor_cache"]
     return config, grid, transport, tables, tuned
 
 
@@ -292,6 +294,23 @@ def algorithm_for(collective: str, nbytes: int, group: dist.ProcessGroup | None 
     the call's largest buffer, as nccl-tests do (allgather: the output, reduce_scatter: the input).
     """
     return _torus_backend(group, "algorithm_for").algorithm_for(collective, nbytes)
+
+
+def shared_memory_stats() -> dict[str, int]:
+    """This process's shared tensors (CPU tensors of 64 KiB or more from a torus group's
+    allocate_tensor, which live in memfd segments its peers map): live_bytes and live_segments
+    (tensors in use), free_bytes and free_segments (freed, kept for reuse), limit_bytes (the most
+    free_bytes may reach now: TORUS_SHARED_TENSOR_CACHE, 0 once no group is left), peak_live_bytes
+    (since the cache was last emptied) and released_segments (given back to the system, ever)."""
+    return _C.shared_memory_stats()
+
+
+def empty_cache() -> int:
+    """Gives every freed shared tensor segment this process keeps for reuse back to the system,
+    as torch.cuda.empty_cache() does for CUDA memory; returns their bytes. Live tensors stay. A
+    peer unmaps its view of a given-back segment at its next shared-memory collective with this
+    rank, or when its group is destroyed."""
+    return _C.empty_cache()
 
 
 _torch_monitored_barrier = dist.monitored_barrier
