@@ -320,7 +320,10 @@ SETTINGS: tuple[Setting, ...] = (
         "",
         _provider_name,
         "libfabric provider of the ofi transport (tcp, verbs, psm3, cxi, efa, shm, ...); empty: "
-        "libfabric's first with tagged reliable-datagram endpoints (FI_PROVIDER narrows it).",
+        "libfabric's first with tagged reliable-datagram endpoints (FI_PROVIDER narrows it). shm is "
+        "for studying libfabric: a peer killed while it holds one of libfabric's spinlocks leaves "
+        "the survivor spinning inside libfabric, beyond any timeout (transports.md); torus's own "
+        "shared memory serves ranks of one host.",
     ),
     Setting(
         "TORUS_OFI_RMA_BYTES",
