@@ -6,7 +6,8 @@ allreduce while the other's is in flight, and started again: it heals from the o
 checkpoint transfer), the group is created again over torchft's store, and both train to the end.
 The final parameters are the same on both replicas and the same as the run with torchft's
 ProcessGroupGloo under the same kill schedule. Every process is bounded by RUN_TIMEOUT and killed
-at the end. Tested with torchft 0.2.0; skips without torchft. About 1-2 min on 2 cores.
+at the end. Tested with torchft 0.2.0 (configure) and torchft-nightly 2026.10.26 (set_rank_info and
+reconfigure); skips without torchft. About 3 min on a loaded 2-core machine.
 """
 
 from __future__ import annotations
@@ -109,12 +110,26 @@ def test_replica_killed_heals_and_matches_gloo(where, victim, tmp_path):
             assert torus[survivor]["dumps"] == [], (backend, torus[survivor]["dumps"])
 
 
+def _configure(pg: ProcessGroupTorus, port: int, quorum: int, rank: int) -> None:
+    """Creates the group for a quorum of 2 as torchft's Manager does: torchft 0.2.0's configure, or
+    its later releases' set_rank_info and reconfigure (by torchft's reconfigure_with_store, which
+    exchanges the reconfigure handles in the store)."""
+    address = f"localhost:{port}/torchft/{quorum}/0"
+    if hasattr(pg, "configure"):
+        pg.configure(address, str(rank), rank, 2, quorum, 0, 1, [0, 1])
+    else:
+        from torchft.process_group import reconfigure_with_store
+
+        pg.set_rank_info(str(rank), 0, 1, rank)
+        reconfigure_with_store(pg, address, rank, 2)
+
+
 def _configure_job(rank: int, port: int, queue) -> None:
     try:
         pg = ProcessGroupTorus(timeout=timedelta(seconds=20))
         results = []
         for quorum in range(2):
-            pg.configure(f"localhost:{port}/torchft/{quorum}/0", str(rank), rank, 2, quorum, 0, 1, [0, 1])
+            _configure(pg, port, quorum, rank)
             t = torch.full((3,), float(rank + 1 + quorum))
             opts = dist.AllreduceOptions()
             opts.reduceOp = dist.ReduceOp.SUM
@@ -134,8 +149,7 @@ def _configure_job(rank: int, port: int, queue) -> None:
 
 
 def test_configure_collectives_abort(tmp_path):
-    """torchft's configure (0.2.0's API) creates the torus group over torchft's store prefix, again
-    for each quorum; reduce_scatter works (torchft's gloo wrapper refuses it); a planned abort
+    """torchft creates the torus group over its store prefix, again for each quorum; reduce_scatter works (torchft's gloo wrapper refuses it); a planned abort
     returns at once and writes no flight-recorder dump."""
     import multiprocessing
 

@@ -8,10 +8,10 @@ torch_torus.torchft.ProcessGroupTorus (or torchft's ProcessGroupGloo), min_repli
 quorum synchronous, until the Manager's step reaches --steps. The gradients are averaged as DDP's
 one bucket is, through Manager.allreduce; not by torchft 0.2.0's DistributedDataParallel, whose
 comm hook fails backward() when the allreduce fails (AssertionError at `assert fut._fut`), so that
-a replica whose peer died in the allreduce dies too (torchft's later releases skip the step). Every step's inputs depend only on
-(replica, step), and a step is committed only with both replicas' gradients, so the final
-parameters do not depend on how many attempts a step took: they are the same over every backend
-and every kill schedule whose steps end committed.
+a replica whose peer died in the allreduce dies too (torchft's later releases skip the step).
+Every step's inputs depend only on (replica, step), and a step is committed only with both
+replicas' gradients, so the final parameters do not depend on how many attempts a step took: they
+are the same over every backend and every kill schedule whose steps end committed.
 
 --kill between:S: the replica SIGKILLs itself once step S-1 is committed, before step S's quorum.
 --kill allreduce:S: at step S it enters the gradient allreduce, waits until the other replica has
@@ -75,7 +75,8 @@ def _wait_for_mark(scratch: str, name: str) -> None:
 
 
 def _watch_allreduce(pg, manager: Manager, replica: int, kill: tuple[str, int] | None, scratch: str) -> None:
-    """Puts marks around the gradient allreduce of the process group torchft's Manager calls."""
+    """Marks each gradient allreduce of the process group torchft's Manager calls once it is issued,
+    and kills this replica inside the one --kill allreduce:S names."""
     allreduce = pg.allreduce
 
     def watched(tensors, opts):

@@ -7,10 +7,10 @@ in the same processes, over a fresh prefix of its store; it ships wrappers for g
     from torch_torus.torchft import ProcessGroupTorus
     manager = torchft.Manager(pg=ProcessGroupTorus(timeout=timedelta(seconds=30)), ...)
 
-Tested with torchft 0.2.0, whose Manager calls ``configure(store_addr, replica_id, rank,
-world_size, ...)``; torchft's later releases call ``set_rank_info`` then ``reconfigure(opts)``
-instead. Both end in torchft's ``ProcessGroupWrapper._create_pg(store, rank, world_size)``, which
-is all this class overrides of the creation, so it follows either API.
+torchft 0.2.0's Manager calls ``configure(store_addr, replica_id, rank, world_size, ...)``; its
+later releases call ``set_rank_info`` then ``reconfigure(opts)`` instead. Both end in torchft's
+``ProcessGroupWrapper._create_pg(store, rank, world_size)``, which is all this class overrides of
+the creation, so it follows either API. Tested with torchft 0.2.0 and torchft-nightly 2026.10.26.
 """
 
 from __future__ import annotations
