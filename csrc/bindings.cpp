@@ -11,6 +11,7 @@
 #include "reduce/streaming_copy.h"
 #include "transport/ofi/ofi_transport.h"
 #include "transport/shared_memory.h"
+#include "transport/shm/shared_tensor_arena.h"
 #ifdef TORUS_WITH_CUDA
 #include "reduce/cuda/reduce_cuda.h"
 #endif
@@ -101,6 +102,7 @@ PYBIND11_MODULE(_C, module) {
       .def_readwrite("host_device", &torus::TorusConfig::hostDevice)
       .def_readwrite("trace_buffer", &torus::TorusConfig::traceBuffer)
       .def_readwrite("trace_dir", &torus::TorusConfig::traceDir)
+      .def_readwrite("shared_tensor_cache", &torus::TorusConfig::sharedTensorCache)
       .def_readwrite("tcp_listener", &torus::TorusConfig::tcpListener)
       // Bytes, not text: the getter hands back what the setter took.
       .def_property(
@@ -133,6 +135,25 @@ PYBIND11_MODULE(_C, module) {
       .def("set_global_ranks", &torus::ProcessGroupTorus::setGlobalRanks, py::arg("ranks"))
       .def("dump_trace", &torus::ProcessGroupTorus::dumpTrace, py::arg("reason"),
            py::call_guard<py::gil_scoped_release>());
+  module.def(
+      "shared_memory_stats",
+      [] {
+        const torus::SharedTensorArena::Stats stats = torus::SharedTensorArena::instance().stats();
+        py::dict result;
+        result["live_bytes"] = stats.liveBytes;
+        result["live_segments"] = stats.liveSegments;
+        result["free_bytes"] = stats.freeBytes;
+        result["free_segments"] = stats.freeSegments;
+        result["limit_bytes"] = stats.limitBytes;
+        result["peak_live_bytes"] = stats.peakLiveBytes;
+        result["released_segments"] = stats.releasedSegments;
+        return result;
+      },
+      "This process's shared tensor arena (allocate_tensor's memory): torch_torus.shared_memory_stats().");
+  module.def(
+      "empty_cache", [] { return torus::SharedTensorArena::instance().emptyCache(); },
+      py::call_guard<py::gil_scoped_release>(),
+      "Gives every free shared tensor segment back to the system; returns their bytes.");
   module.def("shut_down_groups", &torus::ProcessGroupTorus::shutDownAll, py::call_guard<py::gil_scoped_release>(),
              "Shuts down every torus group of this process (the atexit hook's work).");
   module.def(

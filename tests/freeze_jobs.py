@@ -1,8 +1,9 @@
-"""A node that freezes, for tests/test_freeze.py: python tests/freeze_jobs.py store PORT, or
-python tests/freeze_jobs.py rank RANK SIZE PORT STORE_PID MODE.
+"""A node that freezes, for tests/test_freeze.py and benchmarks/frozen_node.py: python
+tests/freeze_jobs.py store PORT, or python tests/freeze_jobs.py rank RANK SIZE PORT STORE_PID MODE
+[BACKEND] (torus by default; gloo to compare).
 
 The group's TCPStore is served by a process of its own (`store`), as on a cluster where it lives on
-another host. Each rank creates a torus group over it (timeout TIMEOUT_S) and runs 1 MiB
+another host. Each rank creates a group of BACKEND over it (timeout TIMEOUT_S) and runs 1 MiB
 all_reduces. At step FREEZE_AT the last rank freezes (SIGSTOP: a node that hangs, its sockets open,
 answering nothing), and with MODE "store-frozen" it freezes the store's process first (its host hung
 too). The other ranks, in MODE ending "-abort", call the group's abort() from a watchdog thread once
@@ -35,14 +36,14 @@ def serve_store(port: int) -> None:
         time.sleep(3600)
 
 
-def run_rank(rank: int, size: int, port: int, store_pid: int, mode: str) -> None:
+def run_rank(rank: int, size: int, port: int, store_pid: int, mode: str, backend: str = "torus") -> None:
     import torch
     import torch.distributed as dist
 
     import torch_torus  # noqa: F401
 
     store = dist.TCPStore("127.0.0.1", port, is_master=False, timeout=datetime.timedelta(seconds=300))
-    dist.init_process_group("torus", store=store, rank=rank, world_size=size,
+    dist.init_process_group(backend, store=store, rank=rank, world_size=size,
                             timeout=datetime.timedelta(seconds=TIMEOUT_S))
     group = dist.group.WORLD
     t = torch.ones(1 << 18)
@@ -77,4 +78,4 @@ if __name__ == "__main__":
     if sys.argv[1] == "store":
         serve_store(int(sys.argv[2]))
     else:
-        run_rank(*map(int, sys.argv[2:6]), sys.argv[6])
+        run_rank(*map(int, sys.argv[2:6]), *sys.argv[6:8])

@@ -76,6 +76,8 @@ BAD: dict[str, list[str]] = {
     "TORUS_HOST_DEVICE": ["", "yes", "1", "on:x", "stall", "stall:", "stall: ", "fail", "fail:copy",
                           "stall:a\x00", "stall:ü", "\udcff"],
     "TORUS_TRACE_BUFFER": ["", "-1", "1e3", "2k", "1000001", "off", " ", "٣", "\x00"],
+    "TORUS_SHARED_TENSOR_CACHE": ["", " ", "-1", "-1G", "autox", "lots", "1.5G", "1e9", "2000G", "1G\x00", "١G",
+                                  "\udcff"],
     "TORUS_TRACE_DIR": ["/tmp/a\x00b", "\udcff", "dir\nname"],
 }
 _RULE_GOOD = ["auto", "AUTO", " auto ", "auto:0-max", "auto:0-100;auto:101-200"]
@@ -107,6 +109,7 @@ GOOD: dict[str, list[str]] = {
     "TORUS_DEVICE_STALL_TIMEOUT": ["30s", "1ms", "2.5s", " 10s ", "86400s", "500ms"],
     "TORUS_HOST_DEVICE": ["off", "on", "ON", " on ", "stall:ready", "stall:copy into the arena", "fail:enter"],
     "TORUS_TRACE_BUFFER": ["0", "2000", " 16 ", "1000000"],
+    "TORUS_SHARED_TENSOR_CACHE": ["auto", " AUTO ", "0", "64K", "1G", " 2g ", "1024G"],
     "TORUS_TRACE_DIR": ["", "/tmp/torus traces", "traces", "/tmp/ü"],
 }
 

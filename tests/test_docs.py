@@ -2,6 +2,9 @@
 their one definition (settings: torch_torus/config.py; algorithms: the C++ catalog), README.md stays
 short with its two commands as CI runs them, and the command snippets marked in the docs run."""
 
+from __future__ import annotations
+
+import importlib.metadata
 import importlib.util
 import os
 import pathlib
@@ -108,8 +111,34 @@ def test_some_snippets_are_marked():
     assert len(_snippets()) >= 3
 
 
+def _needs(how: str) -> tuple[str, list[str]]:
+    """A marker's launcher and the distributions its snippet needs: "torchrun --nproc-per-node 2;
+    needs accelerate torch-torus" (torch-torus installed: its "torch.backends" entry point)."""
+    launcher, _, needs = how.partition(";")
+    words = needs.split()
+    assert not words or words[0] == "needs", f"unknown snippet marker {how!r}"
+    return launcher.strip(), words[1:]
+
+
+def _missing(distribution: str) -> str | None:
+    """Why `distribution` cannot serve a snippet, or None. torch-torus serves one only with the
+    entry point that registers "torus" at `import torch` (an install older than it has none)."""
+    try:
+        found = importlib.metadata.distribution(distribution)
+    except importlib.metadata.PackageNotFoundError:
+        return "not installed"
+    if distribution == "torch-torus" and not [e for e in found.entry_points if e.group == "torch.backends"]:
+        return "installed without its torch.backends entry point (pip install --no-build-isolation -e . again)"
+    return None
+
+
 @pytest.mark.parametrize("how, language, code", _snippets())
 def test_marked_snippet_runs(how, language, code, tmp_path):
+    how, needs = _needs(how)
+    for name in needs:
+        missing = _missing(name)
+        if missing:
+            pytest.skip(f"the snippet needs {name}: {missing}")
     if how == "bash":
         assert language == "bash"
         command = ["bash", "-euo", "pipefail", "-c", code]

@@ -30,14 +30,17 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def _run(mode: str, tmp_path):
+def run_scene(mode: str, tmp_path, backend: str = "torus"):
+    """The scene's survivors' reports, and what went wrong with the processes (one that did not
+    exit in bound or exited without a report)."""
     port = _free_port()
     env = dict(os.environ, TORUS_TRACE_DIR=str(tmp_path))
     store = subprocess.Popen([sys.executable, JOB, "store", str(port)], stdout=subprocess.PIPE, text=True, env=env)
     ranks = []
     try:
         assert store.stdout.readline().strip() == "serving"
-        ranks = [subprocess.Popen([sys.executable, JOB, "rank", str(r), str(SIZE), str(port), str(store.pid), mode],
+        ranks = [subprocess.Popen([sys.executable, JOB, "rank", str(r), str(SIZE), str(port), str(store.pid), mode,
+                                   backend],
                                   stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
                  for r in range(SIZE)]
         reports, problems = [], []
@@ -63,7 +66,7 @@ def _run(mode: str, tmp_path):
 
 @pytest.mark.parametrize("store", ["store-frozen", "store-answering"])
 def test_survivors_fail_in_bound_naming_the_frozen_rank(store, tmp_path):
-    reports, problems = _run(store, tmp_path)
+    reports, problems = run_scene(store, tmp_path)
     assert not problems, problems
     frozen = f"rank {SIZE - 1}"
     for report in reports:
@@ -78,7 +81,7 @@ def test_survivors_fail_in_bound_naming_the_frozen_rank(store, tmp_path):
 
 @pytest.mark.parametrize("store", ["store-frozen", "store-answering"])
 def test_abort_from_another_thread_returns_in_bound(store, tmp_path):
-    reports, problems = _run(store + "-abort", tmp_path)
+    reports, problems = run_scene(store + "-abort", tmp_path)
     assert not problems, problems
     for report in reports:
         assert report.get("abort_s") is not None and report["abort_s"] <= 5, report

@@ -47,6 +47,7 @@ MAY_DIFFER = {
     "TORUS_DEVICE_STALL_TIMEOUT": "5s",
     "TORUS_LOG_LEVEL": "debug",
     "TORUS_TRACE_BUFFER": "0",
+    "TORUS_SHARED_TENSOR_CACHE": "1M",
     "TORUS_TRACE_DIR": None,  # the session's directory (conftest); a second one would be left behind
 }
 BY_NAME = {s.name: s for s in SETTINGS}

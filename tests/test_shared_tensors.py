@@ -8,6 +8,7 @@ work on its mapped tensor: test_faults.py."""
 
 from __future__ import annotations
 
+import multiprocessing
 import os
 
 import pytest
@@ -251,3 +252,187 @@ def test_an_fd_that_is_not_the_segment_named_is_refused(target, file_bytes, wron
 
     problem = torus_testing.module().shared_tensor_file_problem(target, file_bytes, SEGMENT)
     assert (problem == "") if wrong is None else (wrong in problem), problem
+
+
+# ------------------------------------------------------- what the arena keeps, and fork
+
+def _own_segment_fds() -> dict[int, int]:
+    """This process's open fds of shared tensor segments: inode by fd."""
+    found = {}
+    for name in os.listdir("/proc/self/fd"):
+        try:
+            if os.readlink(f"/proc/self/fd/{name}").startswith(SEGMENT_NAME):
+                found[int(name)] = os.stat(f"/proc/self/fd/{name}").st_ino
+        except OSError:  # closed meanwhile (listdir's own fd among them)
+            pass
+    return found
+
+
+def _case_bounded_cache(ctx, sizes):
+    import torch_torus
+
+    n, rank = ctx.world_size, ctx.rank
+    limit = 1 << 20
+    group = ctx.new_group(list(range(n)), pg_options=torch_torus.Options(
+        allreduce="two_shot", shared_tensor_cache=str(limit)))
+    problems = []
+    stats = torch_torus.shared_memory_stats()
+    if stats["limit_bytes"] != limit or stats["free_bytes"] > limit:
+        problems.append(f"with TORUS_SHARED_TENSOR_CACHE={limit} the arena keeps {stats}")
+    inodes = set()
+    for step, count in enumerate(sizes):
+        t = _allocate(count, torch.float32)
+        inodes.add(_segment_of(t))
+        t.fill_(step + rank)
+        dist.all_reduce(t, group=group)
+        if not torch.all(t == n * step + n * (n - 1) // 2):
+            problems.append(f"all_reduce of {count} floats (step {step}) gave {t[:4].tolist()}...")
+        del t
+        stats = torch_torus.shared_memory_stats()
+        if stats["free_bytes"] > limit or stats["live_bytes"] != 0:
+            problems.append(f"after freeing {count} floats the arena keeps {stats}")
+    if torch_torus.shared_memory_stats()["released_segments"] == 0:
+        problems.append("no segment was given back")
+    torch_torus.empty_cache()
+    stats = torch_torus.shared_memory_stats()
+    fds = _own_segment_fds()
+    if stats["free_bytes"] or stats["free_segments"] or stats["live_segments"] or fds:
+        problems.append(f"after empty_cache: {stats}, segment fds open {sorted(fds)}")
+    # Every rank gave its segments back before this collective's postings: each peer unmaps them.
+    dist.barrier(group=group)
+    dist.all_reduce(torch.ones(1 << 16), group=group)
+    everyone = [None] * n
+    dist.all_gather_object(everyone, inodes - {None}, group=group)
+    still = set().union(*everyone) & set(_tensor_segments())
+    if still:
+        problems.append(f"given-back segments still mapped here (inodes {sorted(still)})")
+    dist.destroy_process_group(group)
+    return problems
+
+
+def test_freed_segments_are_kept_up_to_the_limit_and_given_back_on_empty_cache():
+    """40 sizes (64 KiB to 8 MiB, as issue 55's cycle to 1.8 GB, scaled down) through
+    allocate_tensor and a two_shot allreduce each: after every free the arena keeps at most
+    TORUS_SHARED_TENSOR_CACHE; empty_cache() leaves no segment and no fd of one, and after the
+    next collective no peer maps any of them."""
+    sizes = [int(16384 * (128 ** (i / 39))) for i in range(40)]
+    harness.check(SHM, 2, _case_bounded_cache, sizes)
+
+
+def _case_fd_reused(ctx):
+    import torch_torus
+
+    n, rank = ctx.world_size, ctx.rank
+    group = ctx.new_group(list(range(n)), pg_options=torch_torus.Options(allreduce="two_shot",
+                                                                         shared_tensor_cache="0"))
+    problems, fds = [], []
+    for step in range(6):
+        t = _allocate(1 << 18, torch.float32)
+        inode = _segment_of(t)
+        fds += [fd for fd, node in _own_segment_fds().items() if node == inode]
+        t.fill_(10 * step + rank)
+        dist.all_reduce(t, group=group)
+        expected = n * 10 * step + n * (n - 1) // 2
+        if not torch.all(t == expected):
+            problems.append(f"step {step}: all_reduce gave {t[:4].tolist()}..., expected {expected}")
+        del t
+    if len(set(fds)) == len(fds):
+        problems.append(f"no segment took a given-back one's fd (fds {fds}): the case proves nothing")
+    dist.destroy_process_group(group)
+    return problems
+
+
+def test_a_segment_under_a_given_back_ones_fd_is_mapped_anew():
+    """With nothing kept (TORUS_SHARED_TENSOR_CACHE=0) each freed segment is closed, and the next
+    one of the same size takes its fd (and often its address): a peer must map the new segment,
+    not read the old one's pages through its cached mapping."""
+    harness.check(SHM, 2, _case_fd_reused)
+
+
+def _case_last_group(ctx):
+    import torch_torus
+
+    problems = []
+    kept = _allocate(1 << 20, torch.float32)
+    freed = _allocate(1 << 20, torch.float32)
+    del freed
+    before = torch_torus.shared_memory_stats()
+    if before["free_segments"] != 1:
+        problems.append(f"a freed tensor's segment was not kept: {before}")
+    dist.destroy_process_group()
+    after = torch_torus.shared_memory_stats()
+    if after["free_bytes"] or after["limit_bytes"] or after["live_segments"] != 1:
+        problems.append(f"after the last group was destroyed: {after}")
+    del kept
+    if torch_torus.shared_memory_stats()["live_segments"] or _own_segment_fds():
+        problems.append(f"a tensor freed with no group left was kept: {torch_torus.shared_memory_stats()}")
+    return problems
+
+
+def test_destroying_the_last_group_gives_back_every_free_segment():
+    harness.conclude(harness.problems(harness.run_job(SHM, 2, _case_last_group, init="file")))
+
+
+class _Touching(torch.utils.data.Dataset):
+    """Each item, in a forked worker of its own: reads and overwrites the parent's shared tensor,
+    and takes a tensor of its own from allocate_tensor."""
+
+    def __init__(self, parents: torch.Tensor):
+        self.parents = parents
+
+    def __len__(self):
+        return 2  # one item per worker (DataLoader deals them round-robin)
+
+    def __getitem__(self, index):
+        import torch_torus
+
+        seen = self.parents[0].item()
+        self.parents.fill_(42.0)
+        own = _allocate(1 << 20, torch.float32)
+        own.fill_(index)
+        return {"seen": seen, "written": self.parents[0].item(), "own": own, "inode": _segment_of(own),
+                "stats": torch_torus.shared_memory_stats(), "fds": len(_own_segment_fds())}
+
+
+def _case_fork(ctx):
+    problems = []
+    parents = _allocate(1 << 16, torch.float32).fill_(2.0)
+    freed = _allocate(1 << 20, torch.float32)
+    freed_address, freed_inode = freed.data_ptr(), _segment_of(freed)
+    del freed
+    loader = torch.utils.data.DataLoader(_Touching(parents), batch_size=None, num_workers=2,
+                                         multiprocessing_context="fork")
+    # The harness's ranks are daemonic processes, which multiprocessing forbids children; a
+    # training script's ranks are not.
+    config = multiprocessing.current_process()._config
+    daemonic = config.get("daemon")
+    config["daemon"] = False
+    try:
+        items = list(loader)
+    finally:
+        config["daemon"] = daemonic
+    for index, item in enumerate(items):
+        if item["seen"] != 2.0 or item["written"] != 42.0:
+            problems.append(f"item {index}: the child read {item['seen']} and then {item['written']}")
+        if item["inode"] is None or item["inode"] == freed_inode:
+            problems.append(f"item {index}: the child's tensor is in segment {item['inode']} "
+                            f"(the parent's free one: {freed_inode})")
+        stats = item["stats"]
+        if stats["live_segments"] != 1 or stats["free_segments"] or item["fds"] != 1:
+            problems.append(f"item {index}: the child's arena holds {stats}, {item['fds']} segment fds")
+        if not torch.all(item["own"] == index):
+            problems.append(f"item {index}: the child's tensor arrived as {item['own'][:4].tolist()}...")
+    if not torch.all(parents == 2.0):
+        problems.append(f"the children's writes reached the parent's tensor: {parents[:4].tolist()}...")
+    again = _allocate(1 << 20, torch.float32)
+    if again.data_ptr() != freed_address or _segment_of(again) != freed_inode:
+        problems.append("after the workers the parent's free segment was not reused")
+    return problems
+
+
+def test_a_forked_dataloader_worker_neither_writes_into_nor_allocates_from_the_parents_segments():
+    """DataLoader workers forked (num_workers=2, fork) from a rank: a write to the parent's shared
+    tensor stays in the child (copy-on-write, as torch's own memory), the child's allocate_tensor
+    gets a segment of its own (never the parent's free one), its arena holds only that, and the
+    parent's arena is as before."""
+    harness.check(SHM, 2, _case_fork)

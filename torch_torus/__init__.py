@@ -1,6 +1,7 @@
 """torch-torus: a collective communication backend for torch.distributed.
 
-``import torch_torus`` registers the backend "torus"::
+Installed, it registers the backend "torus" at ``import torch`` (torch_torus_autoload.py); this
+package is loaded when the first torus group is created, or by ``import torch_torus``::
 
     dist.init_process_group(backend="torus")
 """
@@ -15,6 +16,7 @@ import sys
 
 import torch
 import torch.distributed as dist
+from torch_torus_autoload import BACKEND_NAME, register_backend
 
 from . import _C, callbacks
 from ._version import __version__
@@ -30,11 +32,12 @@ from .topology import (FAILED, Meeting, agree, choose_grid, choose_transport, de
 from .tuning import read as read_tuning
 from .tuning import entries_of, host_memory_gbps, tuned_allreduce
 
-__all__ = ["__version__", "Options", "ConfigError", "SETTINGS", "BACKEND_NAME", "algorithm_for", "traffic", "reset_traffic",
+__all__ = ["__version__", "Options", "ConfigError", "SETTINGS", "BACKEND_NAME", "register", "backend_of",
+           "algorithm_for", "traffic", "reset_traffic",
            "init_from_mpi", "init_from_slurm", "init_from_launcher", "monitored_barrier",
-           "host_groups", "HostGroups", "HybridAverager", "HybridUpdateError", "dump_trace"]
+           "host_groups", "HostGroups", "HybridAverager", "HybridUpdateError", "dump_trace", "empty_cache",
+           "shared_memory_stats"]
 
-BACKEND_NAME = "torus"
 _LOG_LEVELS = {"warn": 0, "info": 1, "debug": 2}
 
 
@@ -68,6 +71,7 @@ def group_config(values: dict, size: int, hosts: list[str], address: str = "127.
     config.device_stall_ms = max(1, round(values["device_stall_timeout"] * 1000))
     config.host_device = values["host_device"]
     config.trace_buffer = values["trace_buffer"]
+    config.shared_tensor_cache = values["shared_tensor_cache"]
     return config, grid, transport, tables, tuned
 
 
@@ -238,6 +242,29 @@ def _torus_backend(group: dist.ProcessGroup | None, caller: str) -> _C.ProcessGr
     return backend
 
 
+def backend_of(group: dist.ProcessGroup | None = None, device: str | None = None) -> str:
+    """The backend `group` (default: the world) really runs on, asked of the group's own backend
+    objects rather than of the name it was created with: "torus", "gloo", "nccl", ... when one
+    backend serves all its device types, else torch's device-mapped notation
+    ("cpu:torus,cuda:nccl"); with `device` ("cpu", "cuda"), the one that serves that device type.
+    A framework that picks its own backend (DeepSpeed without init_distributed(dist_backend="torus")
+    falls back to gloo) is caught by ``assert torch_torus.backend_of(device="cpu") == "torus"``."""
+    group = group if group is not None else dist.group.WORLD
+    if group is None:
+        raise RuntimeError("torch_torus.backend_of: no process group; call init_process_group first")
+    if dist.distributed_c10d._rank_not_in_group(group):
+        raise ValueError("torch_torus.backend_of: this rank is not a member of the group")
+    served = {d.type: group._get_backend(d).name() for d in group._device_types}
+    if device is not None:
+        if device not in served:
+            raise ValueError(f"torch_torus.backend_of: the group serves no device type {device!r} "
+                             f"(it serves {sorted(served)})")
+        return served[device]
+    if len(set(served.values())) == 1:
+        return next(iter(served.values()))
+    return ",".join(f"{d}:{served[d]}" for d in sorted(served))
+
+
 def traffic(group: dist.ProcessGroup | None = None) -> dict[str, int]:
     """What this rank has sent in `group` (default: the world) since it was created or reset:
     bytes and messages to peers on its own host and on other hosts (same_host_bytes,
@@ -267,6 +294,23 @@ def algorithm_for(collective: str, nbytes: int, group: dist.ProcessGroup | None 
     the call's largest buffer, as nccl-tests do (allgather: the output, reduce_scatter: the input).
     """
     return _torus_backend(group, "algorithm_for").algorithm_for(collective, nbytes)
+
+
+def shared_memory_stats() -> dict[str, int]:
+    """This process's shared tensors (CPU tensors of 64 KiB or more from a torus group's
+    allocate_tensor, which live in memfd segments its peers map): live_bytes and live_segments
+    (tensors in use), free_bytes and free_segments (freed, kept for reuse), limit_bytes (the most
+    free_bytes may reach now: TORUS_SHARED_TENSOR_CACHE, 0 once no group is left), peak_live_bytes
+    (since the cache was last emptied) and released_segments (given back to the system, ever)."""
+    return _C.shared_memory_stats()
+
+
+def empty_cache() -> int:
+    """Gives every freed shared tensor segment this process keeps for reuse back to the system,
+    as torch.cuda.empty_cache() does for CUDA memory; returns their bytes. Live tensors stay. A
+    peer unmaps its view of a given-back segment at its next shared-memory collective with this
+    rank, or when its group is destroyed."""
+    return _C.empty_cache()
 
 
 _torch_monitored_barrier = dist.monitored_barrier
@@ -307,7 +351,15 @@ dist.distributed_c10d.monitored_barrier = monitored_barrier
 # user's own among them, run before it.
 atexit.register(_C.shut_down_groups)
 
-# CUDA is listed so that plain backend="torus" serves CUDA tensors too (a build without the CUDA
-# path answers them with an error naming the tensor, rather than torch's "no backend for device").
+
+
+def register() -> None:
+    """Registers the backend "torus" with torch.distributed. ``import torch_torus`` does it, and so
+    does ``import torch`` where torch-torus is installed; call it where neither has happened in the
+    process that creates the group, or as a framework's setup hook by name
+    (``worker_process_setup_hook="torch_torus.register"`` in Ray)."""
+    register_backend(_create_backend)
+
+
 callbacks.install()
-dist.Backend.register_backend(BACKEND_NAME, _create_backend, extended_api=True, devices=["cpu", "cuda"])
+register()

@@ -100,6 +100,11 @@ def _rma_bytes(text: str) -> int:
     return -1 if str(text).strip().lower() == "auto" else _byte_count(text)
 
 
+def _shared_tensor_cache(text: str) -> int:
+    """TORUS_SHARED_TENSOR_CACHE: a size, or auto (-1: the peak of live shared tensor bytes)."""
+    return -1 if str(text).strip().lower() == "auto" else _byte_count(text)
+
+
 def _render_rma_bytes(value: int) -> str:
     return "auto" if value < 0 else _render_size(value)
 
@@ -447,6 +452,19 @@ SETTINGS: tuple[Setting, ...] = (
         "`rank<r>.json` per rank; errors name it. Empty: `torus-trace-<uid>` in the system's "
         "temporary directory, one per user. The directory and the group's in it are created 0700 and "
         "must belong to the user; dumps never follow a link.",
+        shared=False,
+    ),
+    Setting(
+        "TORUS_SHARED_TENSOR_CACHE",
+        "auto",
+        _shared_tensor_cache,
+        "Most bytes of freed shared tensors (allocate_tensor's CPU tensors of 64 KiB or more, in "
+        "memfd segments peers map) the process keeps for reuse; past it, those freed longest ago go "
+        "back to the system. auto: as many bytes as its shared tensors held at once at their peak "
+        "(since torch_torus.empty_cache()), so a repeating workload such as FSDP2's reuses every "
+        "buffer while the process holds at most twice its working set. 0: none kept. One limit per "
+        "process: the latest group alive sets it; with no group left nothing is kept.",
+        _render_rma_bytes,
         shared=False,
     ),
     Setting(

@@ -24,15 +24,19 @@ std::shared_ptr<ArrivalBoard> ArrivalBoard::create(c10::intrusive_ptr<c10d::Stor
   // Every rank's key exists from creation on, so that one batched read finds them all rather
   // than wait for a rank that has published nothing yet.
   board->store_->set(board->keyOf(rank), std::string("0"));
-  std::thread([board] { board->run(); }).detach();
+  board->thread_ = BoundedThread([board] { board->run(); });
   return board;
 }
 
 void ArrivalBoard::stop(std::chrono::milliseconds patience) {
-  std::unique_lock<std::mutex> lock(mutex_);
-  stopping_ = true;
+  BoundedThread thread;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    stopping_ = true;
+    thread = std::move(thread_);
+  }
   changed_.notify_all();
-  changed_.wait_for(lock, patience, [&] { return ended_; });
+  thread.joinWithin(patience);
 }
 
 std::string ArrivalBoard::keyOf(int rank) const {
@@ -91,8 +95,6 @@ void ArrivalBoard::run() {
     wakeAt_ = pending ? publishAt_ : now + kMaxPublishDelay;
     changed_.wait_until(lock, wakeAt_);
   }
-  ended_ = true;
-  changed_.notify_all();
 }
 
 std::string ArrivalBoard::describeMissing(uint64_t seq) const {

@@ -19,6 +19,8 @@
 
 #include <torch/csrc/distributed/c10d/Store.hpp>
 
+#include "backend/bounded_thread.h"
+
 namespace torus {
 
 class ArrivalBoard : public std::enable_shared_from_this<ArrivalBoard> {
@@ -59,7 +61,7 @@ class ArrivalBoard : public std::enable_shared_from_this<ArrivalBoard> {
   std::chrono::steady_clock::time_point publishAt_;
   std::chrono::steady_clock::time_point wakeAt_{}; // when the thread looks next; the epoch before it first waits
   bool stopping_ = false;
-  bool ended_ = false; // the thread ended
+  BoundedThread thread_; // holds the board: left behind in a frozen store's call, it ends later
 };
 
 } // namespace torus

@@ -413,13 +413,14 @@ void CollectiveExecutor::failRunning(std::exception_ptr raised) {
   // before anything here waits on the store, which may be frozen with the rank that hung.
   const std::string told = failureOf(raised, "", "").text;
   transport_->abort(told);
-  if (!failedBy(raised, CommError::Kind::kAborted)) {
+  const std::optional<CommError> error = transportFailure(raised);
+  if (!error || error->kind() != CommError::Kind::kAborted) {
     dumps_->raise(told);
   }
   // Then diagnose: who never came, from one batched store read under its own deadline. A peer that
   // gave up told only what it knew before its own read, so a rank that has waited here a while
   // reads too (describeMissing asks the store only after this rank published its arrival).
-  const bool diagnose = !aborting_.load() && (timedOut(raised) || failedBy(raised, CommError::Kind::kPeer));
+  const bool diagnose = !aborting_.load() && error && (ownTimeout(*error) || error->kind() == CommError::Kind::kPeer);
   const std::string missing = diagnose ? arrivals_->describeMissing(running_->seq) : std::string();
   recorder_->finished(running_->recordId, failureOf(raised, missing, "").text);
   const std::string path = recorder_->dump("collective failed", missing);
@@ -427,25 +428,21 @@ void CollectiveExecutor::failRunning(std::exception_ptr raised) {
   failure_->record(runningFailure_->text);
 }
 
-bool CollectiveExecutor::failedBy(std::exception_ptr raised, CommError::Kind kind) {
+std::optional<CommError> CollectiveExecutor::transportFailure(std::exception_ptr raised) {
   try {
     std::rethrow_exception(raised);
   } catch (const CommError& e) {
-    return !e.mismatch() && e.kind() == kind;
+    if (!e.mismatch()) {
+      return e;
+    }
   } catch (...) {
-    return false;
   }
+  return std::nullopt;
 }
 
-bool CollectiveExecutor::timedOut(std::exception_ptr raised) {
-  try {
-    std::rethrow_exception(raised);
-  } catch (const CommError& e) {
-    // A device phase's stall says its own bound; other timeouts are the collective's.
-    return !e.mismatch() && e.kind() == CommError::Kind::kTimeout && std::string(e.what()).rfind(kStalledIn, 0) != 0;
-  } catch (...) {
-    return false;
-  }
+bool CollectiveExecutor::ownTimeout(const CommError& error) {
+  // A device phase's stall says its own bound; other timeouts are the collective's.
+  return error.kind() == CommError::Kind::kTimeout && std::string(error.what()).rfind(kStalledIn, 0) != 0;
 }
 
 CollectiveExecutor::JobFailure CollectiveExecutor::failureOf(std::exception_ptr raised, const std::string& missing,
@@ -478,7 +475,7 @@ std::string CollectiveExecutor::explain(const CommError& error, std::chrono::mil
            std::to_string(mismatch.peer) + " called " + describeCall(mismatch.theirs);
   }
   std::string what = error.what();
-  if (timedOut(std::make_exception_ptr(error))) {
+  if (ownTimeout(error)) {
     what += timeoutExpired(timeout);
   }
   if (!missing.empty()) {

@@ -155,11 +155,11 @@ class CollectiveExecutor {
   // then reads who was missing (bounded), dumps and records the failure for the group. From the
   // job's thread (run's catch, or an algorithm through Comm::fail).
   void failRunning(std::exception_ptr raised);
-  // Whether `raised` is the transport's failure of `kind` (kAborted: this process aborted the
-  // group, a planned end whose peers need no dump; kPeer: a peer died or gave up).
-  static bool failedBy(std::exception_ptr raised, CommError::Kind kind);
-  // Whether `raised` is the collective's own timeout (not a device phase's stall).
-  static bool timedOut(std::exception_ptr raised);
+  // `raised` as the transport's failure (a peer's death, a timeout, an abort), if it is one and
+  // not a mismatch.
+  static std::optional<CommError> transportFailure(std::exception_ptr raised);
+  // Whether `error` is the collective's own timeout (not a device phase's stall).
+  static bool ownTimeout(const CommError& error);
   // The running job's failure; `missing`: who had not arrived, `note`: said after
   // a transport failure's text (where the flight recorder's dump went).
   JobFailure failureOf(std::exception_ptr raised, const std::string& missing, const std::string& note) const;

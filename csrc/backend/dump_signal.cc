@@ -1,5 +1,6 @@
 #include "backend/dump_signal.h"
 
+#include <algorithm>
 #include <condition_variable>
 #include <mutex>
 #include <thread>
@@ -56,7 +57,6 @@ struct DumpSignal::Waiter {
   std::mutex mutex;
   std::condition_variable changed;
   bool stopping = false;
-  bool exited = false;
 
   // The request's text once the key is set; nullopt when stopping or the store is gone.
   std::optional<std::string> awaitRequest() {
@@ -111,9 +111,6 @@ struct DumpSignal::Waiter {
         recorder->dump(*request, "");
       }
     }
-    std::lock_guard<std::mutex> lock(mutex);
-    exited = true;
-    changed.notify_all();
   }
 };
 
@@ -130,7 +127,7 @@ DumpSignal::DumpSignal(const c10::intrusive_ptr<c10d::Store>& store, int rank, i
   waiter->kind = kind;
   waiter->recorder = std::move(recorder);
   waiter_ = waiter;
-  std::thread([waiter] { waiter->run(); }).detach();
+  waiting_ = BoundedThread([waiter] { waiter->run(); });
 }
 
 DumpSignal::~DumpSignal() {
@@ -170,18 +167,19 @@ void DumpSignal::stop(std::chrono::milliseconds patience) {
     waiter->stopping = true;
   }
   waiter->changed.notify_all();
+  const auto until = std::chrono::steady_clock::now() + patience;
   if (waiter->kind == WaitKind::kBlocking) {
-    // Its wait ends when the key is set; a store that does not answer keeps that thread, not us.
-    std::thread([store = store_, key = waiter->key] {
+    // Its wait ends when the key is set; a store that does not answer keeps these threads, not us.
+    BoundedThread([store = store_, key = waiter->key] {
       try {
         store->set(key, kStopWaiting);
       } catch (const std::exception&) {
         // The store is gone: so is the waiter's connection, which ends its wait.
       }
-    }).detach();
+    }).joinWithin(patience);
   }
-  std::unique_lock<std::mutex> lock(waiter->mutex);
-  waiter->changed.wait_for(lock, patience, [&] { return waiter->exited; });
+  waiting_.joinWithin(std::max(std::chrono::milliseconds(0), std::chrono::duration_cast<std::chrono::milliseconds>(
+                                                                 until - std::chrono::steady_clock::now())));
 }
 
 } // namespace torus

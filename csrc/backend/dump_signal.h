@@ -19,6 +19,7 @@
 
 #include <torch/csrc/distributed/c10d/Store.hpp>
 
+#include "backend/bounded_thread.h"
 #include "backend/flight_recorder.h"
 
 namespace torus {
@@ -44,6 +45,7 @@ class DumpSignal {
   const int rank_;
   const int size_;
   std::shared_ptr<Waiter> waiter_; // null: no waiter for this store
+  BoundedThread waiting_; // holds the waiter
   std::atomic<bool> raised_{false};
 };
 

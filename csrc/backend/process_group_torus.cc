@@ -13,6 +13,7 @@
 #include "backend/tensor_checks.h"
 #include "backend/tensor_staging.h"
 #include "backend/transport_factory.h"
+#include "transport/shm/shared_tensor_arena.h"
 
 namespace torus {
 
@@ -72,6 +73,7 @@ ProcessGroupTorus::ProcessGroupTorus(const c10::intrusive_ptr<c10d::Store>& stor
                       ", chunk " + std::to_string(config_.chunkBytes) + " bytes" +
                       (standIns.empty() ? "" : "; " + standIns));
   }
+  SharedTensorArena::instance().attachGroup(this, config_.sharedTensorCache);
   LiveGroups& live = liveGroups();
   std::lock_guard<std::mutex> lock(live.mutex);
   live.groups.insert(this);
@@ -90,6 +92,7 @@ ProcessGroupTorus::~ProcessGroupTorus() {
   }
   direct_.reset();
   stopExecutor(false);
+  SharedTensorArena::instance().detachGroup(this); // a forked child's copy: no such group there
 }
 
 void ProcessGroupTorus::shutDownAll() {

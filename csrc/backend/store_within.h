@@ -7,13 +7,12 @@
 #pragma once
 
 #include <chrono>
-#include <condition_variable>
 #include <functional>
 #include <memory>
-#include <mutex>
 #include <optional>
 #include <string>
-#include <thread>
+
+#include "backend/bounded_thread.h"
 
 namespace torus {
 
@@ -34,32 +33,21 @@ struct StoreAnswer {
 // Runs `call` on a thread of its own and waits for it at most `limit`.
 template <typename T>
 StoreAnswer<T> callWithin(std::chrono::milliseconds limit, std::function<T()> call) {
-  struct Shared {
-    std::mutex mutex;
-    std::condition_variable done;
-    bool finished = false;
-    StoreAnswer<T> answer;
-  };
-  auto shared = std::make_shared<Shared>();
-  std::thread([shared, call = std::move(call)] {
-    StoreAnswer<T> answer;
+  // Written by the thread, read here only once it has been joined.
+  auto answer = std::make_shared<StoreAnswer<T>>();
+  BoundedThread thread([answer, call = std::move(call)] {
     try {
-      answer.value = call();
+      answer->value = call();
     } catch (const std::exception& e) {
-      answer.problem = std::string("failed: ") + e.what();
+      answer->problem = std::string("failed: ") + e.what();
     }
-    std::lock_guard<std::mutex> lock(shared->mutex);
-    shared->answer = std::move(answer);
-    shared->finished = true;
-    shared->done.notify_all();
-  }).detach();
-  std::unique_lock<std::mutex> lock(shared->mutex);
-  if (!shared->done.wait_for(lock, limit, [&] { return shared->finished; })) {
+  });
+  if (!thread.joinWithin(limit)) {
     StoreAnswer<T> late;
     late.problem = "did not answer within " + std::to_string(limit.count()) + " ms";
     return late;
   }
-  return std::move(shared->answer);
+  return std::move(*answer);
 }
 
 } // namespace torus

@@ -63,6 +63,9 @@ struct TorusConfig {
   // its dumps go to (this group's, under TORUS_TRACE_DIR).
   uint64_t traceBuffer = 2000;
   std::string traceDir;
+  // TORUS_SHARED_TENSOR_CACHE: the most bytes of freed shared tensor segments the process keeps
+  // for reuse (SharedTensorArena); -1: as many as its shared tensors held at their peak.
+  int64_t sharedTensorCache = -1;
   // The group's secret (transport/group_secret.h), which rank 0 drew and every rank learned when
   // the ranks met in the store; a group of one or over shared memory alone needs none.
   std::string secret;

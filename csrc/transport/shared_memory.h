@@ -37,6 +37,10 @@ class SharedMemory {
     int64_t segmentFd = -1;
     uint64_t segmentBase = 0; // in the poster's address space
     uint64_t segmentBytes = 0;
+    uint64_t segmentId = 0; // never reused by the poster, where its fd may be
+    // The segments the poster's arena has given back to the system, ever: when it moves, the
+    // receiver drops its mappings of the poster's segments that are gone.
+    uint64_t releasedSegments = 0;
     // ...and, in what waitPosted() returns, the buffer mapped into this process when it lies in
     // such a segment; null otherwise (copy with readPeer/writePeer).
     char* mapped = nullptr;

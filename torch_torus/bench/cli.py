@@ -93,7 +93,8 @@ def build_parser() -> argparse.ArgumentParser:
                              "torch: torch.empty (what DDP's buckets are); backend: the first "
                              "contender group's allocate_tensor (c10d's tensor allocation hook, where "
                              "FSDP2 takes its buffers: torus puts CPU tensors in shared memory its "
-                             "peers on the host map) (default: %(default)s)")
+                             "peers on the host map, and keeps freed ones for reuse up to "
+                             "TORUS_SHARED_TENSOR_CACHE) (default: %(default)s)")
     parser.add_argument("--check", action="store_true",
                         help="after timing each size, run one more call on known data and count "
                              "wrong elements in #wrong (slower; off by default, as nccl-tests "
@@ -167,6 +168,15 @@ def buffer_allocator(alloc: str, contenders, device: torch.device):
     raise SystemExit(f"--alloc backend: no contender ({labels}) allocates tensors on {device}")
 
 
+def shared_memory_line(stats: dict[str, int]) -> str:
+    """What rank 0's shared tensor arena holds after the run (--alloc backend with torus)."""
+    mib = 1 << 20
+    return (f"# shared tensors on rank 0 after the run: {stats['live_bytes'] / mib:.1f} MiB live, "
+            f"{stats['free_bytes'] / mib:.1f} MiB in {stats['free_segments']} freed segments kept for reuse "
+            f"(limit {stats['limit_bytes'] / mib:.1f} MiB, TORUS_SHARED_TENSOR_CACHE; peak live "
+            f"{stats['peak_live_bytes'] / mib:.1f} MiB); torch_torus.empty_cache() gives them back")
+
+
 def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
     import_backends(args.contenders, args.import_module)
@@ -229,6 +239,12 @@ def main(argv: list[str] | None = None) -> None:
         rows_by_size.append(rows)
         report([table.row_line(rows)])
     report(summary(rows_by_size, args))
+    if args.alloc == "backend":
+        from .. import shared_memory_stats
+
+        arena = shared_memory_stats()
+        if arena["live_bytes"] or arena["free_bytes"] or arena["released_segments"]:  # torus allocated
+            report([shared_memory_line(arena)])
 
     if rank == 0 and args.json:
         write_json(args.json, collective, args, hostnames, rows_by_size)

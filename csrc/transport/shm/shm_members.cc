@@ -58,9 +58,12 @@ class ShmTransport::Members : public SharedMemory {
       withSegment.segmentFd = segment->fd;
       withSegment.segmentBase = segment->base;
       withSegment.segmentBytes = segment->bytes;
+      withSegment.segmentId = segment->id;
     } else {
       shm_.prepareForPeers(posting.address, posting.nbytes);
     }
+    // Read after segmentHolding: the segment given back before a later one took its fd is counted.
+    withSegment.releasedSegments = SharedTensorArena::instance().releasedSegments();
     for (size_t i = 0; i < members_.size(); ++i) {
       if (i != self_) {
         shm_.post(members_[i], pairEpochs_[i], withSegment);

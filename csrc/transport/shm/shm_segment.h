@@ -35,6 +35,8 @@ struct alignas(kLine) SharedPosting {
   int64_t segmentFd; // the owner's SharedTensorArena segment holding the buffer; -1: none
   uint64_t segmentBase;
   uint64_t segmentBytes;
+  uint64_t segmentId;
+  uint64_t releasedSegments;
 };
 
 struct ControlBlock {

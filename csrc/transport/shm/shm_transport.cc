@@ -60,13 +60,21 @@ struct ShmTransport::Peer {
   bool readsSingleCopy = false;
   std::unique_ptr<RingLink> link;
   // The peer's SharedTensorArena segments mapped here, by the peer's fd; touched only by the
-  // thread that runs collectives with the peer, as epochsWith_ is.
+  // thread that runs collectives with the peer, as epochsWith_ is. An fd the peer closed may name
+  // a later segment: the id tells them apart, and the file's identity tells whether the fd still
+  // names the segment mapped.
   struct TensorSegment {
     char* local;
     uint64_t base; // in the peer's address space
     uint64_t bytes;
+    uint64_t id; // the peer's
+    dev_t device;
+    ino_t inode;
   };
   std::map<int64_t, TensorSegment> tensorSegments;
+  // The peer's releasedSegments when this process last dropped the mappings of its given-back
+  // segments.
+  uint64_t releasedSegmentsSeen = 0;
 
   ~Peer() {
     if (pidfd >= 0) {
@@ -374,6 +382,8 @@ void ShmTransport::post(int peer, uint64_t pairEpoch, const SharedMemory::Postin
   shared.segmentFd = posting.segmentFd;
   shared.segmentBase = posting.segmentBase;
   shared.segmentBytes = posting.segmentBytes;
+  shared.segmentId = posting.segmentId;
+  shared.releasedSegments = posting.releasedSegments;
   shared.epoch.store(pairEpoch, std::memory_order_release);
   ring(peer);
 }
@@ -440,7 +450,11 @@ SharedMemory::Posting ShmTransport::waitPosted(int peer, uint64_t pairEpoch, con
             },
             checkMessages);
   SharedMemory::Posting posting{shared.ownEpoch, shared.address,      shared.nbytes,      shared.tag,
-                                shared.call,     shared.segmentFd,    shared.segmentBase, shared.segmentBytes};
+                                shared.call,     shared.segmentFd,    shared.segmentBase, shared.segmentBytes,
+                                shared.segmentId, shared.releasedSegments};
+  if (posting.releasedSegments != peers_[peer]->releasedSegmentsSeen) {
+    dropReleasedSegments(peer, posting.releasedSegments);
+  }
   if (posting.segmentFd >= 0) {
     posting.mapped = mapPostedBuffer(peer, posting);
   }
@@ -458,6 +472,12 @@ char* ShmTransport::mapPostedBuffer(int rank, const SharedMemory::Posting& posti
     fail(problem);
   }
   auto known = peer.tensorSegments.find(posting.segmentFd);
+  if (known != peer.tensorSegments.end() && known->second.id != posting.segmentId) {
+    // The fd now names a later segment: the one mapped is gone from the peer.
+    ::munmap(known->second.local, known->second.bytes);
+    peer.tensorSegments.erase(known);
+    known = peer.tensorSegments.end();
+  }
   if (known == peer.tensorSegments.end()) {
     const std::string path = "/proc/" + std::to_string(peer.pid) + "/fd/" + std::to_string(posting.segmentFd);
     char target[256];
@@ -483,8 +503,9 @@ char* ShmTransport::mapPostedBuffer(int rank, const SharedMemory::Posting& posti
     }
     ::madvise(at, posting.segmentBytes, MADV_HUGEPAGE); // as its owner asked (SharedTensorArena)
     known = peer.tensorSegments
-                .emplace(posting.segmentFd,
-                         Peer::TensorSegment{static_cast<char*>(at), posting.segmentBase, posting.segmentBytes})
+                .emplace(posting.segmentFd, Peer::TensorSegment{static_cast<char*>(at), posting.segmentBase,
+                                                               posting.segmentBytes, posting.segmentId, st.st_dev,
+                                                               st.st_ino})
                 .first;
   }
   const Peer::TensorSegment& segment = known->second;
@@ -493,6 +514,22 @@ char* ShmTransport::mapPostedBuffer(int rank, const SharedMemory::Posting& posti
          " with another place or size than before");
   }
   return segment.local + (posting.address - segment.base);
+}
+
+void ShmTransport::dropReleasedSegments(int rank, uint64_t releasedSegments) {
+  Peer& peer = *peers_[rank];
+  for (auto it = peer.tensorSegments.begin(); it != peer.tensorSegments.end();) {
+    const std::string path = "/proc/" + std::to_string(peer.pid) + "/fd/" + std::to_string(it->first);
+    struct stat st {};
+    const auto& segment = it->second;
+    if (::stat(path.c_str(), &st) == 0 && st.st_dev == segment.device && st.st_ino == segment.inode) {
+      ++it;
+      continue;
+    }
+    ::munmap(segment.local, segment.bytes);
+    it = peer.tensorSegments.erase(it);
+  }
+  peer.releasedSegmentsSeen = releasedSegments;
 }
 
 void ShmTransport::readPeer(int peer, uint64_t address, void* dst, size_t nbytes) {

@@ -124,6 +124,9 @@ class ShmTransport : public MessageTransport {
   // the kernel will not open or map the segment. Throws CommError when the posting contradicts
   // itself or the segment it names.
   char* mapPostedBuffer(int peer, const SharedMemory::Posting& posting);
+  // Unmaps the peer's segments whose fd no longer names the file mapped (it gave them back), and
+  // notes releasedSegments, the count it posted, as seen.
+  void dropReleasedSegments(int peer, uint64_t releasedSegments);
   void useMapped(int peer, const std::function<void()>& use);
   void signalDelivered(int peer);
   // Throws kAborted once this rank gave up on the group.
