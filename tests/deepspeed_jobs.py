@@ -5,7 +5,8 @@ RANK=0 WORLD_SIZE=2 LOCAL_RANK=0 MASTER_ADDR=127.0.0.1 MASTER_PORT=29500 DS_ACCE
 
 Trains a small MLP with ``deepspeed.initialize`` (ZeRO stage --stage, fp32, torch's Adam) for
 --steps steps on inputs that depend only on (rank, step), and writes one JSON file: the backend
-torch.distributed reports, the loss of every step, and the full parameters at the end (gathered
+torch.distributed reports and the one the group's CPU backend object says it is
+(torch_torus.backend_of), the loss of every step, and the full parameters at the end (gathered
 under ZeRO-3). --backend names the backend given to ``deepspeed.init_distributed``; "default"
 skips that call, so that ``deepspeed.initialize`` creates the process group itself with the CPU
 accelerator's choice; "torch:<name>" creates it with ``torch.distributed.init_process_group``
@@ -20,7 +21,7 @@ import deepspeed
 import torch
 import torch.distributed as dist
 
-import torch_torus  # noqa: F401  (registers the backend)
+import torch_torus
 
 
 def _model() -> torch.nn.Module:
@@ -68,7 +69,7 @@ def main() -> None:
     with deepspeed.zero.GatheredParameters(list(engine.module.parameters()), enabled=args.stage == 3):
         parameters = {name: p.detach().clone().tolist() for name, p in engine.module.named_parameters()}
     with open(args.out, "w") as out:
-        json.dump({"backend": dist.get_backend(), "losses": losses, "parameters": parameters}, out)
+        json.dump({"backend": dist.get_backend(), "backend_in_use": torch_torus.backend_of(device="cpu"), "losses": losses, "parameters": parameters}, out)
     dist.destroy_process_group()
 
 

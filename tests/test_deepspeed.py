@@ -71,8 +71,8 @@ def _run_job(backend: str, stage: int, directory) -> list[dict]:
 def test_zero_over_torus_equals_gloo(stage, tmp_path):
     torus = _run_job("torus", stage, tmp_path)
     gloo = _run_job("gloo", stage, tmp_path)
-    assert [r["backend"] for r in torus] == ["torus"] * WORLD_SIZE
-    assert [r["backend"] for r in gloo] == ["gloo"] * WORLD_SIZE
+    for results, backend in ((torus, "torus"), (gloo, "gloo")):
+        assert [(r["backend"], r["backend_in_use"]) for r in results] == [(backend, backend)] * WORLD_SIZE
     for rank in range(WORLD_SIZE):
         assert len(torus[rank]["losses"]) == 5
         # Two ranks' sums are the same in any order: torus and gloo agree bit for bit.
@@ -87,5 +87,6 @@ def test_backend_is_the_one_asked_for(tmp_path):
     torch.distributed.init_process_group; without either, deepspeed.initialize creates the group
     itself on the CPU accelerator's choice, gloo (ccl where oneCCL's binding is installed): torus
     must be asked for."""
-    assert [r["backend"] for r in _run_job("torch:torus", 1, tmp_path)] == ["torus"] * WORLD_SIZE
-    assert [r["backend"] for r in _run_job("default", 1, tmp_path)] == ["gloo"] * WORLD_SIZE
+    for backend, expected in (("torch:torus", "torus"), ("default", "gloo")):
+        results = _run_job(backend, 1, tmp_path)
+        assert [(r["backend"], r["backend_in_use"]) for r in results] == [(expected, expected)] * WORLD_SIZE, backend
