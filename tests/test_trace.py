@@ -303,6 +303,9 @@ def _case_planned_endings(ctx, ending):
     ctx.init_process_group(init="file")
     group = ctx.new_group()
     dist.all_reduce(torch.ones(4), group=group)
+    # Both ranks are past the group's all_reduce before either ends it (an abort is no goodbye:
+    # a peer still reading the last message would fail).
+    dist.barrier()
     if ending == "abort":
         group.abort()
     else:

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <condition_variable>
 #include <mutex>
+#include <numeric>
 #include <thread>
 #include <vector>
 
@@ -16,9 +17,11 @@ namespace torus {
 
 namespace {
 
-// The value that ends a waiter instead of asking for a dump (a real request names its rank).
+// What ends a waiter instead of asking for a dump (a real request names its rank).
 const std::string kStopWaiting;
-// A blocking wait is renewed this often: a TCPStore wait needs a timeout.
+// Set by the first rank that stops waiting to the number of that rank.
+const std::string kEndedKey = "torus/dump/ended";
+// A blocking pop is renewed this often: it ends at its store's timeout.
 constexpr std::chrono::hours kWaitRenewal{1};
 // How often a FileStore's key is checked.
 constexpr std::chrono::seconds kPollPeriod{1};
@@ -27,9 +30,7 @@ std::string keyOf(int rank) {
   return "torus/dump/" + std::to_string(rank);
 }
 
-enum class WaitKind { kNone, kBlocking, kPolling };
-
-WaitKind waitKindOf(const c10::intrusive_ptr<c10d::Store>& store) {
+DumpSignal::WaitKind waitKindOf(const c10::intrusive_ptr<c10d::Store>& store) {
   c10d::Store* base = store.get();
   c10::intrusive_ptr<c10d::Store> underlying;
   if (auto* prefixed = dynamic_cast<c10d::PrefixStore*>(base)) {
@@ -37,68 +38,72 @@ WaitKind waitKindOf(const c10::intrusive_ptr<c10d::Store>& store) {
     base = underlying.get();
   }
   if (dynamic_cast<c10d::TCPStore*>(base) != nullptr || dynamic_cast<c10d::HashStore*>(base) != nullptr) {
-    return WaitKind::kBlocking;
+    return DumpSignal::WaitKind::kQueue;
   }
   if (dynamic_cast<c10d::FileStore*>(base) != nullptr) {
-    return WaitKind::kPolling;
+    return DumpSignal::WaitKind::kPolling;
   }
-  return WaitKind::kNone;
+  return DumpSignal::WaitKind::kNone;
+}
+
+// Gives `text` to the waiters of `ranks`: a queue entry each (its pop returns it with the wake-up,
+// so a waiter never reads the store after a store that lives in a rank's process went away), or
+// one batched write of their keys for the waiters that poll.
+void deliver(c10d::Store& store, DumpSignal::WaitKind kind, const std::vector<int>& ranks, const std::string& text) {
+  const std::vector<uint8_t> value(text.begin(), text.end());
+  if (kind == DumpSignal::WaitKind::kQueue) {
+    for (const int rank : ranks) {
+      store.queuePush(keyOf(rank), value);
+    }
+    return;
+  }
+  std::vector<std::string> keys;
+  for (const int rank : ranks) {
+    keys.push_back(keyOf(rank));
+  }
+  store.multiSet(keys, std::vector<std::vector<uint8_t>>(keys.size(), value));
 }
 
 } // namespace
 
 // What the waiting thread shares with the group; the thread holds it, so that a thread still
-// blocked in a frozen store's wait outlives the group harmlessly.
+// blocked in a frozen store's call outlives the group harmlessly.
 struct DumpSignal::Waiter {
-  c10::intrusive_ptr<c10d::Store> store; // a connection of its own when blocking
+  c10::intrusive_ptr<c10d::Store> store; // a connection of its own when it pops
   std::string key;
   WaitKind kind;
   std::shared_ptr<FlightRecorder> recorder;
   std::mutex mutex;
   std::condition_variable changed;
   bool stopping = false;
+  bool ended = false; // run() returned: another rank's stop (or a request) ended the wait
 
-  // The request's text once the key is set; nullopt when stopping or the store is gone.
+  // The request's text; nullopt when stopping or the store is gone.
   std::optional<std::string> awaitRequest() {
     for (;;) {
       {
         std::unique_lock<std::mutex> lock(mutex);
+        if (kind == WaitKind::kPolling) {
+          changed.wait_for(lock, kPollPeriod, [&] { return stopping; });
+        }
         if (stopping) {
           return std::nullopt;
         }
-        if (kind == WaitKind::kPolling) {
-          changed.wait_for(lock, kPollPeriod, [&] { return stopping; });
-          if (stopping) {
-            return std::nullopt;
-          }
-        }
       }
       try {
-        if (kind == WaitKind::kBlocking) {
-          store->wait({key}, kWaitRenewal);
-        } else if (!store->check({key})) {
-          continue;
+        if (kind == WaitKind::kQueue) {
+          const std::vector<uint8_t> value = store->queuePop(key, true);
+          return std::string(value.begin(), value.end());
         }
-        const std::vector<uint8_t> value = store->get(key);
-        return std::string(value.begin(), value.end());
+        if (store->check({key})) {
+          const std::vector<uint8_t> value = store->get(key);
+          return std::string(value.begin(), value.end());
+        }
       } catch (const c10::DistStoreError&) {
-        // A blocking wait's renewal ran out, or the store is gone: a store that stays gone fails
-        // the next wait at once, and a group whose store is gone has nobody left to ask.
-        if (kind == WaitKind::kBlocking && !storeAlive()) {
-          return std::nullopt;
-        }
+        // The pop's renewal ran out: pop again. (A store that is gone fails with a network error.)
       } catch (const std::exception&) {
         return std::nullopt;
       }
-    }
-  }
-
-  bool storeAlive() {
-    try {
-      store->check({key});
-      return true;
-    } catch (const std::exception&) {
-      return false;
     }
   }
 
@@ -111,20 +116,29 @@ struct DumpSignal::Waiter {
         recorder->dump(*request, "");
       }
     }
+    std::lock_guard<std::mutex> lock(mutex);
+    ended = true;
   }
 };
 
 DumpSignal::DumpSignal(const c10::intrusive_ptr<c10d::Store>& store, int rank, int size,
                        std::shared_ptr<FlightRecorder> recorder)
-    : store_(store), rank_(rank), size_(size) {
-  const WaitKind kind = size > 1 && recorder->enabled() ? waitKindOf(store) : WaitKind::kNone;
-  if (kind == WaitKind::kNone) {
+    : store_(store),
+      rank_(rank),
+      size_(size),
+      kind_(size > 1 && recorder->enabled() ? waitKindOf(store) : WaitKind::kNone) {
+  if (kind_ == WaitKind::kNone) {
     return;
   }
   auto waiter = std::make_shared<Waiter>();
-  waiter->store = kind == WaitKind::kBlocking ? store->clone() : store;
+  if (kind_ == WaitKind::kQueue) {
+    waiter->store = store->clone();
+    waiter->store->setTimeout(kWaitRenewal);
+  } else {
+    waiter->store = store;
+  }
   waiter->key = keyOf(rank);
-  waiter->kind = kind;
+  waiter->kind = kind_;
   waiter->recorder = std::move(recorder);
   waiter_ = waiter;
   waiting_ = BoundedThread([waiter] { waiter->run(); });
@@ -135,22 +149,20 @@ DumpSignal::~DumpSignal() {
 }
 
 void DumpSignal::raise(const std::string& why) {
-  if (size_ < 2 || raised_.exchange(true)) {
+  if (kind_ == WaitKind::kNone || raised_.exchange(true)) {
     return;
   }
-  std::vector<std::string> keys;
-  std::vector<std::vector<uint8_t>> values;
-  const std::string text = "rank " + std::to_string(rank_) + " failed: " + why;
+  std::vector<int> others;
   for (int rank = 0; rank < size_; ++rank) {
     if (rank != rank_) {
-      keys.push_back(keyOf(rank));
-      values.emplace_back(text.begin(), text.end());
+      others.push_back(rank);
     }
   }
   // Nobody waits for it: a frozen store holds only this thread.
-  std::thread([store = store_, keys = std::move(keys), values = std::move(values)] {
+  std::thread([store = store_, kind = kind_, others = std::move(others),
+               text = "rank " + std::to_string(rank_) + " failed: " + why] {
     try {
-      store->multiSet(keys, values);
+      deliver(*store, kind, others, text);
     } catch (const std::exception&) {
       // The ranks that fail on their own still dump.
     }
@@ -162,19 +174,31 @@ void DumpSignal::stop(std::chrono::milliseconds patience) {
   if (!waiter) {
     return;
   }
+  bool ended;
   {
     std::lock_guard<std::mutex> lock(waiter->mutex);
     waiter->stopping = true;
+    ended = waiter->ended;
   }
   waiter->changed.notify_all();
   const auto until = std::chrono::steady_clock::now() + patience;
-  if (waiter->kind == WaitKind::kBlocking) {
-    // Its wait ends when the key is set; a store that does not answer keeps these threads, not us.
-    BoundedThread([store = store_, key = waiter->key] {
+  // A waiter that ended needs nothing from the store, which may be gone with the rank that ended it.
+  if (kind_ == WaitKind::kQueue && !ended) {
+    // The first rank to stop (destroying the group, or its process ending) ends every rank's wait
+    // at once: the group runs nothing more, and a store that lives in a rank's process (tcp://,
+    // env:// without torchrun) must not go away under pops still open, each of which torch would
+    // report with a warning and a stack. A store that does not answer keeps this thread, not us.
+    BoundedThread([store = store_, rank = rank_, size = size_] {
       try {
-        store->set(key, kStopWaiting);
+        const std::string me = std::to_string(rank);
+        const std::vector<uint8_t> first = store->compareSet(kEndedKey, {}, std::vector<uint8_t>(me.begin(), me.end()));
+        if (std::string(first.begin(), first.end()) == me) {
+          std::vector<int> all(static_cast<size_t>(size));
+          std::iota(all.begin(), all.end(), 0);
+          deliver(*store, WaitKind::kQueue, all, kStopWaiting);
+        }
       } catch (const std::exception&) {
-        // The store is gone: so is the waiter's connection, which ends its wait.
+        // The store is gone: so are the waiters' connections, which ends their pops.
       }
     }).joinWithin(patience);
   }

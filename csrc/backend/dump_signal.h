@@ -6,10 +6,12 @@
 // when it is set.
 //
 // The wait costs the store nothing while nothing fails: on a TCPStore (or a HashStore) it is one
-// blocking wait on a connection of its own, which the server answers when the key is set; on a
-// FileStore, whose waits read the file every 10 ms, the key is checked once a second instead.
-// Stores of other kinds (written in Python) get no waiter, as a call into Python from this thread
-// could meet an interpreter that is shutting down: their ranks dump when they fail themselves.
+// blocking pop of a queue of its own, on a connection of its own, which the server answers with
+// the request itself (a waiter never reads the store after it woke); on a FileStore, whose waits
+// read the file every 10 ms, the key is checked once a second instead. The first rank that
+// destroys the group (or whose process ends with it) ends every rank's wait, so that a store
+// living in a rank's process never closes under open pops; a failure after that is dumped by the
+// ranks it reaches, not by sleeping ones.
 #pragma once
 
 #include <atomic>
@@ -39,11 +41,14 @@ class DumpSignal {
   void stop(std::chrono::milliseconds patience);
 
   struct Waiter;
+  // How the waiters wait: a blocking pop of a queue, a check every second, or not at all.
+  enum class WaitKind { kNone, kQueue, kPolling };
 
  private:
   c10::intrusive_ptr<c10d::Store> store_;
   const int rank_;
   const int size_;
+  const WaitKind kind_;
   std::shared_ptr<Waiter> waiter_; // null: no waiter for this store
   BoundedThread waiting_; // holds the waiter
   std::atomic<bool> raised_{false};
