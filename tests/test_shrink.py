@@ -189,6 +189,10 @@ def _play(rank, port, transport, scenario, victim, queue, victim_gone):
         except RuntimeError as error:
             if "SHRINK_ABORT" not in str(error):
                 problems.append(f"SHRINK_DEFAULT's refusal does not name SHRINK_ABORT: {first_line(error)}")
+        # Every survivor tries SHRINK_DEFAULT before any aborts: a group failed by a peer's abort
+        # is failed, which SHRINK_DEFAULT shrinks.
+        store.set(f"refused/{rank}", "1")
+        store.wait([f"refused/{r}" for r in range(WORLD) if r != victim])
         start = time.monotonic()
         group = dist.shrink_group([victim], shrink_flags=SHRINK_ABORT)
         try:
