@@ -133,6 +133,20 @@ PYBIND11_MODULE(_C, module) {
            })
       .def("reset_traffic", &torus::ProcessGroupTorus::resetTraffic)
       .def("set_global_ranks", &torus::ProcessGroupTorus::setGlobalRanks, py::arg("ranks"))
+      .def("set_settings", &torus::ProcessGroupTorus::setSettings, py::arg("settings"))
+      // torch.distributed.shrink_group calls it with its pg_options: torch_torus.Options for the new
+      // group, or None for the old group's settings. c10d's binding would take only c10d options.
+      .def(
+          "shrink",
+          [](torus::ProcessGroupTorus& group, const std::vector<int64_t>& ranksToExclude, int shrinkFlags,
+             const py::object& options) {
+            const std::string settings =
+                options.is_none() ? group.settings()
+                                  : py::module_::import("torch_torus").attr("_settings_text")(options).cast<std::string>();
+            py::gil_scoped_release released;
+            return group.shrinkWith(ranksToExclude, shrinkFlags, settings);
+          },
+          py::arg("ranks_to_exclude"), py::arg("shrink_flags") = 0, py::arg("opts_override") = py::none())
       .def("dump_trace", &torus::ProcessGroupTorus::dumpTrace, py::arg("reason"),
            py::call_guard<py::gil_scoped_release>());
   module.def(
@@ -154,6 +168,21 @@ PYBIND11_MODULE(_C, module) {
       "empty_cache", [] { return torus::SharedTensorArena::instance().emptyCache(); },
       py::call_guard<py::gil_scoped_release>(),
       "Gives every free shared tensor segment back to the system; returns their bytes.");
+  // The creator a shrink calls with the survivors' store, rank, size, timeout, group name, global
+  // ranks and settings; it returns their new ProcessGroupTorus. Kept for the life of the process:
+  // releasing a Python object takes the GIL, which static destructors do not hold.
+  module.def(
+      "set_group_creator",
+      [](const py::function& create) {
+        auto* held = new py::function(create);
+        torus::ProcessGroupTorus::setGroupCreator([held](const torus::ShrunkGroupRequest& request) {
+          py::gil_scoped_acquire gil;
+          return (*held)(request.store, request.rank, request.size, request.timeout, request.groupName,
+                         request.globalRanks, request.settings)
+              .cast<c10::intrusive_ptr<torus::ProcessGroupTorus>>();
+        });
+      },
+      py::arg("create"));
   module.def("shut_down_groups", &torus::ProcessGroupTorus::shutDownAll, py::call_guard<py::gil_scoped_release>(),
              "Shuts down every torus group of this process (the atexit hook's work).");
   module.def(

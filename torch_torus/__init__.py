@@ -13,6 +13,7 @@ import datetime
 import json
 import secrets
 import sys
+import types
 
 import torch
 import torch.distributed as dist
@@ -34,7 +35,7 @@ from .tuning import entries_of, host_memory_gbps, tuned_allreduce
 
 __all__ = ["__version__", "Options", "ConfigError", "SETTINGS", "BACKEND_NAME", "register", "backend_of",
            "algorithm_for", "traffic", "reset_traffic",
-           "init_from_mpi", "init_from_slurm", "init_from_launcher", "monitored_barrier",
+           "init_from_mpi", "init_from_slurm", "init_from_launcher", "monitored_barrier", "shrink_group",
            "host_groups", "HostGroups", "HybridAverager", "HybridUpdateError", "dump_trace", "empty_cache",
            "shared_memory_stats"]
 
@@ -128,7 +129,29 @@ def _create_backend(dist_options, pg_options) -> _C.ProcessGroupTorus:
         publish_secret(store, config.secret)
     group = _C.ProcessGroupTorus(store, rank, size, dist_options.timeout, config, name)
     group.set_global_ranks(list(dist_options.global_ranks_in_group))
+    group.set_settings(_settings_text(pg_options if isinstance(pg_options, Options) else None))
     return group
+
+
+def _settings_text(options: Options | None) -> str:
+    """`options`' settings as the C++ group keeps them for a shrink (JSON; each value as the text
+    config.resolve parses)."""
+    if options is None:
+        return "{}"
+    if not isinstance(options, Options):
+        raise TypeError(f"torus: pg_options must be torch_torus.Options or None, got {type(options).__name__}")
+    return json.dumps({option: value if isinstance(value, str) else str(value)
+                       for option, value in options.settings.items()})
+
+
+def _create_shrunk_backend(store, rank: int, size: int, timeout: datetime.timedelta, name: str,
+                           global_ranks: list[int], settings: str) -> _C.ProcessGroupTorus:
+    """The survivors' group of a shrink (dist.shrink_group; ProcessGroupTorus::shrinkWith calls it),
+    created as any torus group is, over `store` (the old group's, under a prefix of the shrink's
+    own), with `settings` (_settings_text's)."""
+    creation = types.SimpleNamespace(group_rank=rank, group_size=size, store=store, group_id=name, timeout=timeout,
+                                     global_ranks_in_group=global_ranks)
+    return _create_backend(creation, Options(**json.loads(settings)))
 
 
 # The group's secret: its length (transport/group_secret.h's kSecretBytes), and the key of the
@@ -335,14 +358,43 @@ def monitored_barrier(group: dist.ProcessGroup | None = None, timeout=None, wait
 
 
 def _is_torus(group: dist.ProcessGroup) -> bool:
-    try:
-        return isinstance(group._get_backend(torch.device("cpu")), _C.ProcessGroupTorus)
-    except RuntimeError:  # no CPU backend
-        return False
+    return _torus_serves(group, torch.device("cpu"))
 
 
 dist.monitored_barrier = monitored_barrier
 dist.distributed_c10d.monitored_barrier = monitored_barrier
+
+_torch_shrink_group = dist.shrink_group
+
+
+def shrink_group(ranks_to_exclude: list[int], group: dist.ProcessGroup | None = None,
+                 shrink_flags: int = dist.distributed_c10d.SHRINK_DEFAULT, pg_options=None) -> dist.ProcessGroup:
+    """torch.distributed.shrink_group, for torus groups too (``import torch_torus`` puts it in
+    torch.distributed's place). torch registers the shrunk group's backend under the CPU as gloo's,
+    which DDP's logger then reads as a gloo group (and crashes on); a shrunk torus group is
+    registered as every torus group is, a custom backend, for each device the old group ran on
+    torus. Groups of other backends are torch's alone."""
+    old = group if group is not None else dist.group.WORLD
+    devices = [device for device in (torch.device("cpu"), torch.device("cuda"))
+               if old is not None and _torus_serves(old, device)]
+    shrunk = _torch_shrink_group(ranks_to_exclude, group, shrink_flags, pg_options)
+    if devices:
+        backend = shrunk._get_backend(devices[0])
+        for device in devices:
+            shrunk._register_backend(device, dist.ProcessGroup.BackendType.CUSTOM, backend)
+        shrunk._set_default_backend(dist.ProcessGroup.BackendType.CUSTOM)
+    return shrunk
+
+
+def _torus_serves(group: dist.ProcessGroup, device: torch.device) -> bool:
+    try:
+        return isinstance(group._get_backend(device), _C.ProcessGroupTorus)
+    except RuntimeError:  # no backend for the device
+        return False
+
+
+dist.shrink_group = shrink_group
+dist.distributed_c10d.shrink_group = shrink_group
 
 # A script that ends without destroy_process_group ends its groups here, before Python finalizes:
 # their workers finish the collectives in flight and run their futures' callbacks while they can
@@ -362,4 +414,5 @@ def register() -> None:
 
 
 callbacks.install()
+_C.set_group_creator(_create_shrunk_backend)
 register()

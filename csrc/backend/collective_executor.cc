@@ -39,6 +39,11 @@ uint64_t CollectiveExecutor::issued() {
   return issued_;
 }
 
+bool CollectiveExecutor::idle() {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return !busy_ && queue_.empty();
+}
+
 c10::intrusive_ptr<c10d::Work> CollectiveExecutor::enqueue(const CallDescription& call,
                                                            std::vector<at::Tensor> outputs,
                                                            std::vector<at::Tensor> inputs,

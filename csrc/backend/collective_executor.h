@@ -77,6 +77,8 @@ class CollectiveExecutor {
   bool runHereIfIdle(const CallDescription& call, std::chrono::milliseconds timeout, Body& body);
   // How many collectives were issued.
   uint64_t issued();
+  // Whether no collective is queued or running.
+  bool idle();
   // Ends the worker once the queue is empty; with abortPending, fails queued jobs first.
   void stop(bool abortPending);
   // The group is being aborted: a failure from now on reads nothing from the store.

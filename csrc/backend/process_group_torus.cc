@@ -7,6 +7,8 @@
 #include <numeric>
 #include <set>
 
+#include <torch/csrc/distributed/c10d/PrefixStore.hpp>
+
 #include "backend/log.h"
 #include "backend/process_ending.h"
 #include "backend/shared_tensor_allocator.h"
@@ -34,12 +36,28 @@ LiveGroups& liveGroups() {
   return *live;
 }
 
+// torch.distributed's shrink flags (SHRINK_DEFAULT, SHRINK_ABORT).
+constexpr int kShrinkDefault = 0;
+constexpr int kShrinkAbort = 1;
+
+// The creator shrink() calls (torch_torus's); never destroyed, as liveGroups.
+struct RegisteredCreator {
+  std::mutex mutex;
+  ProcessGroupTorus::GroupCreator creator;
+};
+
+RegisteredCreator& registeredCreator() {
+  static auto* registered = new RegisteredCreator();
+  return *registered;
+}
+
 } // namespace
 
 ProcessGroupTorus::ProcessGroupTorus(const c10::intrusive_ptr<c10d::Store>& store, int rank, int size,
                                      std::chrono::milliseconds timeout, TorusConfig config, std::string groupName)
     : c10d::Backend(rank, size),
       config_(std::move(config)),
+      store_(store),
       groupName_(std::move(groupName)),
       timeout_(timeout),
       dispatch_(config_, size),
@@ -131,6 +149,7 @@ CommsGroup ProcessGroupTorus::commsGroup() const {
 }
 
 void ProcessGroupTorus::setGlobalRanks(const std::vector<int64_t>& ranks) {
+  globalRanks_ = ranks;
   // As ProcessGroupNCCL reads global_ranks_in_group.
   globalRankStart_ = ranks.empty() ? 0 : static_cast<int>(ranks[0]);
   if (ranks.size() < 2) {
@@ -145,6 +164,89 @@ void ProcessGroupTorus::setGlobalRanks(const std::vector<int64_t>& ranks) {
       return;
     }
   }
+}
+
+void ProcessGroupTorus::setGroupUid(const std::string& pgUid) {
+  c10d::Backend::setGroupUid(pgUid);
+  if (pgUid != groupName_) {
+    direct_ = std::make_unique<DirectRegistration>(pgUid, this);
+  }
+}
+
+void ProcessGroupTorus::setGroupCreator(GroupCreator creator) {
+  RegisteredCreator& registered = registeredCreator();
+  std::lock_guard<std::mutex> lock(registered.mutex);
+  registered.creator = std::move(creator);
+}
+
+c10::intrusive_ptr<c10d::Backend> ProcessGroupTorus::shrink(
+    const std::vector<int64_t>& ranksToExclude, int shrinkFlags,
+    const c10::intrusive_ptr<c10d::Backend::Options>& optsOverride) {
+  TORUS_CHECK_ARG(!optsOverride, "shrink's options for a torus group are torch_torus.Options, given from Python; got ",
+                  "c10d options for backend '", optsOverride ? optsOverride->backend : "", "'");
+  return shrinkWith(ranksToExclude, shrinkFlags, settings_);
+}
+
+c10::intrusive_ptr<ProcessGroupTorus> ProcessGroupTorus::shrinkWith(const std::vector<int64_t>& ranksToExclude,
+                                                                    int shrinkFlags, const std::string& settings) {
+  const std::string what = "cannot shrink group '" + groupName_ + "' (rank " + std::to_string(rank_) + " of " +
+                           std::to_string(size_) + "): ";
+  TORUS_CHECK_ARG(shrinkFlags == kShrinkDefault || shrinkFlags == kShrinkAbort, what, "shrink_flags ", shrinkFlags,
+                  " is neither SHRINK_DEFAULT (0) nor SHRINK_ABORT (1)");
+  TORUS_CHECK_ARG(!ranksToExclude.empty(), what, "no rank to exclude");
+  std::vector<bool> excluded(static_cast<size_t>(size_), false);
+  for (const int64_t r : ranksToExclude) {
+    TORUS_CHECK_ARG(r >= 0 && r < size_, what, "rank ", r, " to exclude is not in the group (0 to ", size_ - 1, ")");
+    TORUS_CHECK_ARG(!excluded[static_cast<size_t>(r)], what, "rank ", r, " is listed twice");
+    excluded[static_cast<size_t>(r)] = true;
+  }
+  TORUS_CHECK_ARG(!excluded[static_cast<size_t>(rank_)], what,
+                  "this rank is among the ranks to exclude; only the ranks that remain shrink the group");
+  ShrunkGroupRequest request;
+  std::vector<int64_t> world = globalRanks_;
+  if (world.empty()) {
+    world.resize(static_cast<size_t>(size_));
+    std::iota(world.begin(), world.end(), 0);
+  }
+  std::string without;
+  for (int r = 0; r < size_; ++r) {
+    if (excluded[static_cast<size_t>(r)]) {
+      without += (without.empty() ? "" : ",") + std::to_string(r);
+      continue;
+    }
+    if (r == rank_) {
+      request.rank = static_cast<int>(request.globalRanks.size());
+    }
+    request.globalRanks.push_back(world[static_cast<size_t>(r)]);
+  }
+  request.size = static_cast<int>(request.globalRanks.size());
+  if (shrinkFlags == kShrinkAbort || failure_->failed()) {
+    // Bounded: nothing on abort's way waits for a peer or the store.
+    abort();
+  } else {
+    TORUS_CHECK(executor_->idle(), what,
+                "collectives are queued or running in it; wait for them, or pass shrink_flags=SHRINK_ABORT to "
+                "abort them");
+  }
+  GroupCreator creator;
+  {
+    RegisteredCreator& registered = registeredCreator();
+    std::lock_guard<std::mutex> lock(registered.mutex);
+    creator = registered.creator;
+  }
+  TORUS_CHECK(creator, what, "no group creator is registered (import torch_torus)");
+  // The old group's store is its incarnation's; under it, each shrink of the group has keys of its
+  // own, which every survivor names alike: the n-th shrink of this group without these ranks.
+  const std::string shrink = std::to_string(shrinks_.fetch_add(1));
+  request.store = c10::make_intrusive<c10d::PrefixStore>("shrink/" + shrink + "/without/" + without, store_);
+  request.timeout = timeout_.load();
+  request.groupName = groupName_ + ":shrunk" + shrink;
+  request.settings = settings;
+  if (config_.logLevel >= 1 && request.rank == 0) {
+    logLine(rank_, "group '" + groupName_ + "' shrinks to " + std::to_string(request.size) + " ranks, without rank(s) " +
+                       without);
+  }
+  return creator(request);
 }
 
 uint64_t ProcessGroupTorus::getSequenceNumberForGroup() {

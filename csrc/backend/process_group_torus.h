@@ -38,8 +38,27 @@
 
 namespace torus {
 
+class ProcessGroupTorus;
+
+// What a shrink asks the group creator for: the survivors' group, created as any torus group is
+// (torch_torus's creation path), over a store no other group uses.
+struct ShrunkGroupRequest {
+  // The old group's store under a prefix of this shrink's own, the same on every survivor.
+  c10::intrusive_ptr<c10d::Store> store;
+  int rank = 0; // this rank's place among the survivors
+  int size = 0;
+  std::chrono::milliseconds timeout{0};
+  std::string groupName;
+  std::vector<int64_t> globalRanks; // the survivors' ranks in the world
+  std::string settings; // torch_torus.Options' settings, as torch_torus writes them (JSON)
+};
+
 class ProcessGroupTorus : public c10d::Backend {
  public:
+  using GroupCreator = std::function<c10::intrusive_ptr<ProcessGroupTorus>(const ShrunkGroupRequest&)>;
+  // The creator shrink() calls; torch_torus registers it once, at import.
+  static void setGroupCreator(GroupCreator creator);
+
   ProcessGroupTorus(const c10::intrusive_ptr<c10d::Store>& store, int rank, int size,
                     std::chrono::milliseconds timeout, TorusConfig config, std::string groupName);
   ~ProcessGroupTorus() override;
@@ -139,6 +158,31 @@ class ProcessGroupTorus : public c10d::Backend {
   // The group's ranks in the world (torch's global_ranks_in_group; empty for the world), which
   // record_param_comms events give as a start and a stride.
   void setGlobalRanks(const std::vector<int64_t>& ranks);
+  // torch names a shrunk group (shrink_group) after its backend exists: torch.ops.torus reaches
+  // the group by the name torch gives it.
+  void setGroupUid(const std::string& pgUid) override;
+
+  // torch.distributed.shrink_group: a new group of the ranks not in `ranksToExclude`, numbered in
+  // their old order, created over the old group's store under a prefix every survivor derives
+  // alike, sharing nothing with the old group. SHRINK_ABORT (1) aborts the old group's calls
+  // first; SHRINK_DEFAULT (0) refuses while collectives are queued or running in a group that has
+  // not failed (as NCCL's shrink does), and aborts a failed group. torch then destroys the old
+  // group. The settings are the old group's (torch_torus.Options from Python: see the binding).
+  bool supportsShrinking() const override {
+    return true;
+  }
+  c10::intrusive_ptr<c10d::Backend> shrink(const std::vector<int64_t>& ranksToExclude, int shrinkFlags,
+                                           const c10::intrusive_ptr<c10d::Backend::Options>& optsOverride) override;
+  // shrink() with `settings` (JSON, as torch_torus writes torch_torus.Options) for the new group.
+  c10::intrusive_ptr<ProcessGroupTorus> shrinkWith(const std::vector<int64_t>& ranksToExclude, int shrinkFlags,
+                                                   const std::string& settings);
+  // The torch_torus.Options the group was created with (JSON), which a shrunk group inherits.
+  void setSettings(std::string settings) {
+    settings_ = std::move(settings);
+  }
+  const std::string& settings() const {
+    return settings_;
+  }
 
   void setSequenceNumberForGroup() override {}
   uint64_t getSequenceNumberForGroup() override;
@@ -214,6 +258,10 @@ class ProcessGroupTorus : public c10d::Backend {
   void stopExecutor(bool abortPending);
 
   TorusConfig config_;
+  // The store the group was created over (scoped to its incarnation), for shrink().
+  c10::intrusive_ptr<c10d::Store> store_;
+  std::string settings_;
+  std::atomic<uint64_t> shrinks_{0}; // shrinks asked of this group, each under a store prefix of its own
   std::string transportDescription_;
   std::string groupName_;
   std::atomic<std::chrono::milliseconds> timeout_;
@@ -236,6 +284,7 @@ class ProcessGroupTorus : public c10d::Backend {
   // Where the group's ranks lie in the world, for record_param_comms events.
   int globalRankStart_ = 0;
   int globalRankStride_ = 1;
+  std::vector<int64_t> globalRanks_; // empty for the world
   // The sends and receives between startCoalescing and endCoalescing, checked, in issue order.
   struct P2PBatch {
     std::vector<PostP2P> posts;
