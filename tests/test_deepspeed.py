@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import socket
 import subprocess
 import sys
@@ -50,7 +51,13 @@ def _run_job(backend: str, stage: int, directory) -> list[dict]:
                 status = process.wait(timeout=JOB_TIMEOUT)
             except subprocess.TimeoutExpired:
                 status = f"still running after {JOB_TIMEOUT} s"
-            if status != 0:
+            # gloo's ranks (the reference, and DeepSpeed's default) were seen to die of SIGABRT at
+            # interpreter exit after writing their results ("terminate called without an active
+            # exception", a thread of theirs meeting Python's end): the reference still counts.
+            # torus's ranks must exit 0.
+            aborted_after_result = (status == -signal.SIGABRT and backend in ("gloo", "default")
+                                    and os.path.exists(f"{out}.json"))
+            if status != 0 and not aborted_after_result:
                 with open(f"{out}.log") as log:
                     tail = log.read()[-3000:]
                 pytest.fail(f"{backend} ZeRO-{stage}: rank {rank} ended with {status}:\n{tail}")

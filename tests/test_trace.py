@@ -3,7 +3,8 @@
 One rank of four stops calling collectives: every other rank's timeout writes its dump, its error
 names the dump, the rank that stopped dumps too when asked (also while asleep in Python, with its
 threads' stacks, over a FileStore and a TCPStore), and `python -m torch_torus.trace DIR` names the
-missing rank and the collective's sequence number. Two ranks that issue different collectives: the analyzer shows both signatures.
+missing rank and the collective's sequence number. Two ranks that issue different collectives: the
+analyzer shows both signatures.
 torch_torus.dump_trace() on request: every call of the group with its sizes, dtype, state and who
 issued it; TORUS_TRACE_BUFFER=0 writes nothing.
 """
@@ -178,7 +179,8 @@ def test_rank_asleep_in_python_dumps_with_its_stack(tmp_path, init):
     asleep = json.load(open(os.path.join(directory, "rank1.json")))
     failed = json.load(open(os.path.join(directory, "rank0.json")))
     # Rank 1 dumped while it slept (10 s), within a few seconds of rank 0's failure.
-    assert asleep["time_dumped_ns"] - failed["time_dumped_ns"] < 5e9, (asleep["time_dumped_ns"], failed["time_dumped_ns"])
+    gap = asleep["time_dumped_ns"] - failed["time_dumped_ns"]
+    assert gap < 5e9, (asleep["time_dumped_ns"], failed["time_dumped_ns"])
     assert asleep["dump_reason"].startswith("rank 0 failed: "), asleep["dump_reason"]
     assert "_slow_data_loader" in (asleep["python_stacks"] or ""), asleep["python_stacks"]
     (entry,) = [e for e in failed["entries"] if e["collective_seq_id"] == 2]
