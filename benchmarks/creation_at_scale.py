@@ -108,6 +108,9 @@ def create(store: dist.Store, rank: int, size: int, values: dict, timeout: float
     group = dist.PrefixStore(f"torus/{result['epoch']}", store)
     if rank == 0:
         publish_secret(group, bytes.fromhex(result["secret"]))
+    # The arrival board's key, set at creation so that a failure's one batched read finds every
+    # rank's (csrc/backend/arrival_board.cc).
+    group.set(f"torus/reached/{rank}", "0")
     return group
 
 
