@@ -168,21 +168,16 @@ PYBIND11_MODULE(_C, module) {
       "empty_cache", [] { return torus::SharedTensorArena::instance().emptyCache(); },
       py::call_guard<py::gil_scoped_release>(),
       "Gives every free shared tensor segment back to the system; returns their bytes.");
-  // The creator a shrink calls with the survivors' store, rank, size, timeout, group name, global
-  // ranks and settings; it returns their new ProcessGroupTorus. Kept for the life of the process:
-  // releasing a Python object takes the GIL, which static destructors do not hold.
-  module.def(
-      "set_group_creator",
-      [](const py::function& create) {
-        auto* held = new py::function(create);
-        torus::ProcessGroupTorus::setGroupCreator([held](const torus::ShrunkGroupRequest& request) {
-          py::gil_scoped_acquire gil;
-          return (*held)(request.store, request.rank, request.size, request.timeout, request.groupName,
-                         request.globalRanks, request.settings)
-              .cast<c10::intrusive_ptr<torus::ProcessGroupTorus>>();
-        });
-      },
-      py::arg("create"));
+  // The creator a shrink calls: torch_torus._create_shrunk_backend, looked up at each call with the
+  // GIL held. Holding the function instead would keep the package's globals, and through them the
+  // process's groups, alive past the interpreter's end: their goodbyes were never said.
+  torus::ProcessGroupTorus::setGroupCreator([](const torus::ShrunkGroupRequest& request) {
+    py::gil_scoped_acquire gil;
+    return py::module_::import("torch_torus")
+        .attr("_create_shrunk_backend")(request.store, request.rank, request.size, request.timeout, request.groupName,
+                                        request.globalRanks, request.settings)
+        .cast<c10::intrusive_ptr<torus::ProcessGroupTorus>>();
+  });
   module.def("shut_down_groups", &torus::ProcessGroupTorus::shutDownAll, py::call_guard<py::gil_scoped_release>(),
              "Shuts down every torus group of this process (the atexit hook's work).");
   module.def(

@@ -148,8 +148,9 @@ def _play(rank, port, transport, scenario, victim, queue, victim_gone):
     elif scenario == "inside_a_collective":
         tensor = torch.ones(LARGE)
         if rank == victim:
-            dist.all_reduce(tensor, async_op=True)
-            time.sleep(0.05)
+            # Dead while the others are inside the all_reduce, which cannot complete without it (a
+            # victim that joined it first could be done with its part on a quiet machine).
+            time.sleep(0.5)
             os.kill(os.getpid(), signal.SIGKILL)
         try:
             dist.all_reduce(tensor)

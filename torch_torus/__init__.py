@@ -414,5 +414,4 @@ def register() -> None:
 
 
 callbacks.install()
-_C.set_group_creator(_create_shrunk_backend)
 register()
