@@ -69,11 +69,6 @@ class FlightRecorder {
   // the file cannot be written (the reason then goes to stderr). `waitingFor`: what the running
   // collective waits for ("ranks 3 had not arrived"), for its entry.
   std::string dump(const std::string& reason, const std::string& waitingFor);
-  // Where dumps go, and the file this rank's dump is.
-  const std::string& directory() const {
-    return dir_;
-  }
-  std::string dumpPath() const;
   // What an error says of a dump written to `path` (nothing when none was).
   static std::string errorNote(const std::string& path);
   // Whether a call of this rank failed (and so dumped, or is about to).
@@ -143,6 +138,8 @@ class FlightRecorder {
   void spill(uint64_t id, const std::vector<at::Tensor>& inputs, const std::vector<at::Tensor>& outputs);
   // Sets the state of record `id` (and its time `field` to now) if its entry still holds it.
   void advance(uint64_t id, State state, std::atomic<uint64_t> Entry::*field, uint64_t seq);
+  // The file this rank's dump is.
+  std::string dumpPath() const;
   // The dump's JSON.
   std::string render(const std::string& reason, const std::string& waitingFor);
 
