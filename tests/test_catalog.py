@@ -39,12 +39,16 @@ def _backend_names(tree: ast.AST) -> set[int]:
     """The ids of the "torus" constants that name the backend: compared with a backend
     (contender.backend == "torus", "torus" in backend), passed as one (backend="torus",
     init_process_group("torus")), the default of a parameter or an option named backend
-    (add_argument("--backend", default="torus")), or BACKEND_NAME's value."""
+    (add_argument("--backend", default="torus"), add_argument("--backends", default=["torus", "gloo"])),
+    or BACKEND_NAME's value."""
     found = set()
 
     def mark(node):
         if isinstance(node, ast.Constant) and node.value == BACKEND_NAME:
             found.add(id(node))
+        elif isinstance(node, (ast.List, ast.Tuple)):
+            for element in node.elts:
+                mark(element)
 
     for node in ast.walk(tree):
         if isinstance(node, ast.Compare) and any(map(_mentions_backend, [node.left, *node.comparators])):
