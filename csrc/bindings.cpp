@@ -12,6 +12,7 @@
 #include "transport/ofi/ofi_transport.h"
 #include "transport/shared_memory.h"
 #include "transport/shm/shared_tensor_arena.h"
+#include "transport/spin_wait.h"
 #ifdef TORUS_WITH_CUDA
 #include "reduce/cuda/reduce_cuda.h"
 #endif
@@ -46,6 +47,10 @@ PYBIND11_MODULE(_C, module) {
   // c10d's Python types must exist before we derive from them.
   py::module::import("torch.distributed");
   module.attr("built_with_ofi") = torus::ofiBuilt();
+  // TORUS_WAIT's choices, the first the default.
+  module.attr("WAIT_POLICIES") =
+      py::make_tuple(torus::waitPolicyName(torus::WaitPolicy::kAuto), torus::waitPolicyName(torus::WaitPolicy::kPause),
+                     torus::waitPolicyName(torus::WaitPolicy::kYield));
   torus::FlightRecorder::setStackProvider(&torus::pythonStacks);
 
   // The algorithm catalog, for the Python configuration, selection, cost model, tuner and bench.
@@ -93,6 +98,9 @@ PYBIND11_MODULE(_C, module) {
       .def_readwrite("eager_bytes", &torus::TorusConfig::eagerBytes)
       .def_readwrite("eager_window", &torus::TorusConfig::eagerWindowBytes)
       .def_readwrite("inline_bytes", &torus::TorusConfig::inlineBytes)
+      .def_property(
+          "wait", [](const torus::TorusConfig& config) { return torus::waitPolicyName(config.wait); },
+          [](torus::TorusConfig& config, const std::string& name) { config.wait = torus::waitPolicyNamed(name); })
       .def_readwrite("algorithms", &torus::TorusConfig::algorithms)
       .def_readwrite("torus_rows", &torus::TorusConfig::torusRows)
       .def_readwrite("torus_inner", &torus::TorusConfig::torusInner)

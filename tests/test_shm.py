@@ -125,14 +125,34 @@ def test_mismatched_sizes_name_both_sides(algorithm):
 # ------------------------------------------------------------------------------ waiting
 
 
-@pytest.mark.parametrize("ranks, cores, caller_waits, keeps", [
-    (1, 1, True, True), (2, 2, True, True), (2, 16, True, True), (3, 2, True, False), (8, 2, True, False),
-    (2, 2, False, False), (8, 2, False, False)])
-def test_a_wait_keeps_its_core_only_on_the_calling_thread_with_a_core_per_rank(testing_module, ranks, cores,
-                                                                              caller_waits, keeps):
-    """A shm wait pauses in place only while its thread runs its caller's collective and the
-    host's ranks have a core each; otherwise every look yields (SpinWait)."""
-    assert testing_module.spin_wait_keeps_core(ranks, cores, caller_waits) is keeps
+@pytest.mark.parametrize("policy, ranks, cores, own, caller, peer_here, others, look", [
+    # auto pauses only on the caller's thread, with a core per rank and no peer on this core.
+    ("auto", 1, 1, 1, True, False, 0, "pause"),
+    ("auto", 2, 2, 2, True, False, 0, "pause"),
+    ("auto", 2, 16, 16, True, False, 3, "pause"),
+    ("auto", 3, 2, 2, True, False, 0, "yield"),
+    ("auto", 8, 2, 2, True, False, 0, "yield"),
+    ("auto", 2, 2, 2, False, False, 0, "yield"),
+    ("auto", 8, 2, 2, False, False, 0, "yield"),
+    # A peer that last waited on this core runs once this thread leaves it.
+    ("auto", 2, 2, 2, True, True, 0, "sleep"),
+    ("auto", 2, 2, 2, False, True, 0, "yield"),
+    # Unbound ranks: a second waiting thread of the process outnumbers its share of one core.
+    ("auto", 2, 2, 2, True, False, 1, "yield"),
+    # Bound ranks (one core each): the share's one thread pauses, the next yields.
+    ("auto", 2, 2, 1, True, False, 0, "pause"),
+    ("auto", 2, 2, 1, True, False, 1, "yield"),
+    # pause and yield do as they say, on any thread.
+    ("pause", 8, 2, 2, False, True, 0, "pause"),
+    ("yield", 1, 1, 1, True, False, 0, "yield")])
+def test_a_wait_decides_from_what_holds_now(testing_module, policy, ranks, cores, own, caller, peer_here, others,
+                                            look):
+    """SpinWait's first look for a shm wait (TORUS_WAIT; csrc/transport/spin_wait.h)."""
+    assert testing_module.spin_wait_first_look(policy, ranks, cores, own, caller, peer_here, others) == look
+
+
+def test_a_pause_that_finds_nothing_ends_in_sleep(testing_module):
+    assert testing_module.spin_wait_pause_ends()
 
 
 def test_calling_thread_scopes_nest(testing_module):

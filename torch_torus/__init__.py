@@ -64,6 +64,7 @@ def group_config(values: dict, size: int, hosts: list[str], address: str = "127.
     config.eager_bytes = values["eager_bytes"]
     config.eager_window = values["eager_window"]
     config.inline_bytes = values["inline_bytes"]
+    config.wait = values["wait"]
     config.algorithms = {c: [_C.AlgorithmRule(r.algorithm, r.lo, r.hi) for r in rules] for c, rules in tables.items()}
     config.torus_rows = [list(row) for row in grid.rows] if grid else []
     config.torus_inner = values["torus_inner"]

@@ -20,7 +20,7 @@ import socket
 from dataclasses import dataclass
 from typing import Any, Callable, Mapping
 
-from . import algorithms
+from . import _C, algorithms
 from .units import parse_duration, parse_rate, parse_size, render_bit_rate, render_duration
 
 # Algorithms per collective, as TORUS_<COLLECTIVE> names them (from the C++ catalog); "auto" (the
@@ -377,6 +377,19 @@ SETTINGS: tuple[Setting, ...] = (
         "running: no hand-off to the group's worker thread and back. max: any size. Larger ones, "
         "async_op=True and CUDA tensors go through the worker. 0: every collective does.",
         _render_inline_bytes,
+        shared=False,
+    ),
+    Setting(
+        "TORUS_WAIT",
+        _C.WAIT_POLICIES[0],
+        _one_of(_C.WAIT_POLICIES),
+        "How a wait on shared memory spends its first 200 µs, before it sleeps. auto decides per "
+        "wait: it pauses in place (the core stays the rank's) only on a thread whose caller waits "
+        "for the collective, while the host's ranks have a core each in their current affinity and "
+        "no more of the process's threads wait than its share of the cores; it sleeps at once where "
+        "a peer last waited on the same core, and once a pause found nothing for 30 µs or a yield "
+        "lost the core for 50 µs; every other wait yields. pause: every wait pauses (ranks with "
+        "cores of their own, as mpiexec's binding gives them). yield: every wait yields the core.",
         shared=False,
     ),
     Setting(

@@ -11,6 +11,7 @@
 #include "backend/algorithm_catalog.h"
 #include "comm/comm.h"
 #include "transport/message_options.h"
+#include "transport/spin_wait.h"
 #include "transport/tcp/tcp_listener.h"
 
 namespace torus {
@@ -43,6 +44,8 @@ struct TorusConfig {
   uint64_t eagerBytes = MessageOptions().eagerBytes;
   uint64_t eagerWindowBytes = MessageOptions().eagerWindowBytes;
   uint64_t inlineBytes = kDefaultInlineBytes;
+  // TORUS_WAIT: how waits on shared memory spend their looks (SpinWait).
+  WaitPolicy wait = WaitPolicy::kAuto;
   // Per collective ("allreduce", "allgather", "reduce_scatter", "broadcast"), rules that cover
   // every size: the user's TORUS_<COLLECTIVE> rules with the gaps filled by the automatic choice.
   // A collective without rules uses its first algorithm in the catalog.

@@ -94,7 +94,7 @@ GroupTransport buildTransport(const c10::intrusive_ptr<c10d::Store>& store, int 
     tcp.secret = config.secret;
     tcp.listener = config.tcpListener;
     if (config.transport == "shm") {
-      auto shm = std::make_shared<ShmTransport>(rank, size, *rendezvous, std::vector<int>{}, messages);
+      auto shm = std::make_shared<ShmTransport>(rank, size, *rendezvous, std::vector<int>{}, messages, config.wait);
       group.description = std::string("shared memory (") +
                           (shm->singleCopy() ? "single-copy transfers" : "no single-copy transfers: two_shot off") +
                           ")";
@@ -137,7 +137,7 @@ GroupTransport buildTransport(const c10::intrusive_ptr<c10d::Store>& store, int 
       } else {
         TORUS_CHECK_ARG(!hostMembers.empty(), "transport ", config.transport, " needs the ranks' hosts");
         group.transport = std::make_shared<HybridTransport>(
-            std::move(network), std::make_unique<ShmTransport>(rank, size, *rendezvous, hostMembers, messages),
+            std::move(network), std::make_unique<ShmTransport>(rank, size, *rendezvous, hostMembers, messages, config.wait),
             group.sameHost);
         group.description = "shared memory inside each host, " + networkDescription;
       }

@@ -34,32 +34,60 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, module) {
              py::arg("file_bytes"), py::arg("segment_bytes"),
              "What it finds wrong with the file behind the fd a peer named (test_shared_tensors.py).");
   module.def(
-      "spin_wait_keeps_core",
-      [](int ranksHere, int coresHere, bool callerWaits) {
-        const torus::SpinWait spin(ranksHere, coresHere);
+      "spin_wait_first_look",
+      [](const std::string& policy, int ranksHere, int coresHere, int ownCores, bool callerWaits,
+         bool peerSharesCore, int otherWaits) {
+        torus::SpinWait spin(torus::waitPolicyNamed(policy));
+        spin.setShare(ranksHere, coresHere, ownCores);
         const torus::SpinWait::CallerWaits scope(callerWaits);
-        return spin.keepsCore();
+        std::vector<std::unique_ptr<torus::SpinWait::Wait>> others;
+        for (int i = 0; i < otherWaits; ++i) {
+          others.push_back(std::make_unique<torus::SpinWait::Wait>(spin));
+        }
+        const torus::SpinWait::Wait wait(spin, peerSharesCore);
+        return std::string(wait.sleepsAtOnce() ? "sleep" : wait.pauses() ? "pause" : "yield");
       },
-      py::arg("ranks_here"), py::arg("cores_here"), py::arg("caller_waits"),
-      "Whether a shm wait's look pauses in place rather than yields (test_shm.py).");
+      py::arg("policy"), py::arg("ranks_here"), py::arg("cores_here"), py::arg("own_cores"), py::arg("caller_waits"),
+      py::arg("peer_shares_core"), py::arg("other_waits"),
+      "What a shm wait's first look does, with `other_waits` waits of this process begun before it (test_shm.py).");
+  module.def(
+      "spin_wait_pause_ends",
+      [] {
+        torus::SpinWait spin(torus::WaitPolicy::kAuto);
+        spin.setShare(1, 1, 1);
+        const torus::SpinWait::CallerWaits scope;
+        torus::SpinWait::Wait wait(spin);
+        const bool paused = wait.pauses();
+        const auto giveUp = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+        while (wait.relax()) {
+          if (std::chrono::steady_clock::now() > giveUp) {
+            return false;
+          }
+        }
+        return paused;
+      },
+      "Whether an auto wait that paused and found nothing ends its spinning (to sleep) (test_shm.py).");
   module.def(
       "spin_wait_scopes",
       [] {
-        const torus::SpinWait spin(1, 1);
-        std::vector<bool> seen{spin.keepsCore()};
+        torus::SpinWait spin(torus::WaitPolicy::kAuto);
+        spin.setShare(1, 1, 1);
+        const auto pauses = [&] { return torus::SpinWait::Wait(spin).pauses(); };
+        std::vector<bool> seen{pauses()};
         {
           const torus::SpinWait::CallerWaits outer;
-          seen.push_back(spin.keepsCore());
+          seen.push_back(pauses());
           {
             const torus::SpinWait::CallerWaits inner;
-            seen.push_back(spin.keepsCore());
+            seen.push_back(pauses());
           }
-          seen.push_back(spin.keepsCore());
+          seen.push_back(pauses());
         }
-        seen.push_back(spin.keepsCore());
+        seen.push_back(pauses());
         return seen;
       },
-      "keepsCore() before, inside two nested CallerWaits scopes, between and after them (test_shm.py).");
+      "Whether an auto wait pauses before, inside two nested CallerWaits scopes, between and after them "
+      "(test_shm.py).");
   module.def(
       "usable_cores",
       [] {

@@ -39,11 +39,17 @@ struct alignas(kLine) SharedPosting {
   uint64_t releasedSegments;
 };
 
+// cpu_set_t's size in 64-bit words.
+constexpr size_t kCoreWords = sizeof(cpu_set_t) / sizeof(uint64_t);
+
 struct ControlBlock {
   uint64_t magic;
   int32_t pid;
-  // The cores the owner may run on (its affinity mask when it connected).
-  cpu_set_t cores;
+  // The cores the owner may run on now (its affinity mask, re-read every SpinWait::kCoresPeriod
+  // while it waits), as cpu_set_t's words.
+  std::atomic<uint64_t> cores[kCoreWords];
+  // The core the owner ran on when its latest wait began (TORUS_WAIT=auto); -1: not known.
+  std::atomic<int32_t> core;
   // Set when the owner destroys its transport: its exit afterwards is a departure, not a death.
   std::atomic<uint32_t> left; // 0: here; else 1 + its Departure (departureOf)
   // Set when the owner gives up on the group (abort()); faultText says why.

@@ -36,12 +36,31 @@ namespace {
 
 // The longest a wait sleeps before it checks that its peers are alive.
 constexpr auto kLivenessPeriod = std::chrono::milliseconds(100);
-// How long a wait for peers spins (SpinWait: pausing, or yielding the core where ranks outnumber
-// cores) before it sleeps on the doorbell.
+// How long a wait for peers spins (SpinWait: pausing or yielding, as TORUS_WAIT decides; a pause
+// that finds nothing sleeps sooner) before it sleeps on the doorbell.
 // Longer than kSpinBeforeSleep: against 50 and 500 µs, pause-spinning first and sleeping at once,
 // 200 µs was as fast or faster at 2, 4 and 8 ranks on 2 cores (BENCHMARKS.md, "Waiting on
 // shared memory").
 constexpr auto kSpinBeforeSleepOnPeers = std::chrono::microseconds(200);
+
+void storeCores(ControlBlock& control, const cpu_set_t& cores) {
+  uint64_t words[shm::kCoreWords];
+  static_assert(sizeof(words) == sizeof(cores));
+  std::memcpy(words, &cores, sizeof(words));
+  for (size_t i = 0; i < shm::kCoreWords; ++i) {
+    control.cores[i].store(words[i], std::memory_order_relaxed);
+  }
+}
+
+cpu_set_t loadCores(const ControlBlock& control) {
+  uint64_t words[shm::kCoreWords];
+  for (size_t i = 0; i < shm::kCoreWords; ++i) {
+    words[i] = control.cores[i].load(std::memory_order_relaxed);
+  }
+  cpu_set_t cores;
+  std::memcpy(&cores, words, sizeof(cores));
+  return cores;
+}
 
 std::chrono::nanoseconds sleepFor(Deadline deadline) {
   auto left = deadline == Deadline::max() ? std::chrono::nanoseconds(kLivenessPeriod) : deadline - Clock::now();
@@ -87,8 +106,9 @@ struct ShmTransport::Peer {
 };
 
 ShmTransport::ShmTransport(int rank, int size, Rendezvous& rendezvous, std::vector<int> members,
-                           MessageOptions messages)
+                           MessageOptions messages, WaitPolicy wait)
     : MessageTransport(rank, size, messages),
+      spin_(wait),
       self_(std::make_unique<Segment>()),
       peers_(static_cast<size_t>(size)),
       epochsWith_(static_cast<size_t>(size), 0),
@@ -138,8 +158,10 @@ void ShmTransport::connectAll(Rendezvous& rendezvous, const std::vector<int>& me
   self_->groupSize = size();
   self_->control()->magic = kSegmentMagic;
   self_->control()->pid = static_cast<int32_t>(::getpid());
-  cpu_set_t cores = SpinWait::usableCores();
-  self_->control()->cores = cores;
+  const cpu_set_t ownCores = SpinWait::usableCores();
+  storeCores(*self_->control(), ownCores);
+  self_->control()->core.store(-1, std::memory_order_relaxed);
+  cpu_set_t cores = ownCores;
   std::ostringstream mine;
   mine << ::getpid() << ' ' << fd << ' ' << bytes << ' ' << reinterpret_cast<uintptr_t>(base);
   rendezvous.set("shm/" + std::to_string(rank()), mine.str());
@@ -188,7 +210,7 @@ void ShmTransport::connectAll(Rendezvous& rendezvous, const std::vector<int>& me
       throw CommError(CommError::Kind::kPeer, "torus: rank " + std::to_string(r) + "'s shared memory is not a torus "
                                               "segment");
     }
-    const cpu_set_t theirCores = peer->segment.control()->cores;
+    const cpu_set_t theirCores = loadCores(*peer->segment.control());
     CPU_OR(&cores, &cores, &theirCores);
     peer->pidfd = static_cast<int>(::syscall(SYS_pidfd_open, peer->pid, 0));
     // Can this process read the peer's memory directly? Probe with the peer's magic number.
@@ -197,7 +219,9 @@ void ShmTransport::connectAll(Rendezvous& rendezvous, const std::vector<int>& me
                probe == kSegmentMagic;
     peers_[r] = std::move(peer);
   }
-  spin_ = SpinWait(static_cast<int>(members.size()), CPU_COUNT(&cores));
+  members_ = members;
+  spin_.setShare(static_cast<int>(members.size()), CPU_COUNT(&cores), CPU_COUNT(&ownCores));
+  coresDue_.store((Clock::now() + SpinWait::kCoresPeriod).time_since_epoch().count(), std::memory_order_relaxed);
   // Every rank has mapped every segment once all have published this key, so the fds (the only
   // handles left besides the mappings) can close.
   rendezvous.set("shm/ready/" + std::to_string(rank()), readsAll ? "1" : "0");
@@ -370,6 +394,40 @@ void ShmTransport::releaseSlot(int rank, uint64_t ownEpoch) {
   ring(rank);
 }
 
+void ShmTransport::refreshCores() {
+  const auto now = Clock::now();
+  int64_t due = coresDue_.load(std::memory_order_relaxed);
+  if (now.time_since_epoch().count() < due ||
+      !coresDue_.compare_exchange_strong(due, (now + SpinWait::kCoresPeriod).time_since_epoch().count(),
+                                         std::memory_order_relaxed)) {
+    return;
+  }
+  const cpu_set_t mine = SpinWait::usableCores();
+  storeCores(*self_->control(), mine);
+  cpu_set_t cores = mine;
+  for (int r : members_) {
+    if (r != rank()) {
+      const cpu_set_t theirs = loadCores(*peers_[r]->segment.control());
+      CPU_OR(&cores, &cores, &theirs);
+    }
+  }
+  spin_.setShare(static_cast<int>(members_.size()), CPU_COUNT(&cores), CPU_COUNT(&mine));
+}
+
+bool ShmTransport::peerSharesCore() {
+  const int core = sched_getcpu(); // rseq: a load, no syscall
+  self_->control()->core.store(core, std::memory_order_relaxed);
+  if (core < 0) {
+    return false;
+  }
+  for (int r : members_) {
+    if (r != rank() && peers_[r]->segment.control()->core.load(std::memory_order_relaxed) == core) {
+      return true;
+    }
+  }
+  return false;
+}
+
 void ShmTransport::post(int peer, uint64_t pairEpoch, const SharedMemory::Posting& posting) {
   // The cell of pairEpoch - 2 is free: this rank reached pairEpoch - 1 with the peer only after
   // the peer had posted it, which the peer did after it finished pairEpoch - 2.
@@ -391,12 +449,22 @@ void ShmTransport::post(int peer, uint64_t pairEpoch, const SharedMemory::Postin
 template <typename Ready>
 void ShmTransport::waitUntil(Ready ready, Deadline deadline, const std::function<std::string()>& waitingFor,
                              const std::function<void()>& whenIdle) {
-  const auto spinUntil = Clock::now() + kSpinBeforeSleepOnPeers;
-  while (Clock::now() < spinUntil) {
-    if (ready()) {
-      return;
+  // What is there already costs no wait.
+  if (ready()) {
+    return;
+  }
+  refreshCores();
+  {
+    SpinWait::Wait wait(spin_, spin_.policy() == WaitPolicy::kAuto && peerSharesCore());
+    const auto spinUntil = Clock::now() + kSpinBeforeSleepOnPeers;
+    while (Clock::now() < spinUntil) {
+      if (ready()) {
+        return;
+      }
+      if (!wait.relax()) {
+        break;
+      }
     }
-    spin_.relax();
   }
   ControlBlock* control = self_->control();
   for (;;) {

@@ -61,7 +61,7 @@ class ShmTransport : public MessageTransport {
   // rank when empty. Setup reads the peers' keys in two batched store operations, however many
   // they are, and is bounded by the rendezvous store's own timeout.
   ShmTransport(int rank, int size, Rendezvous& rendezvous, std::vector<int> members = {},
-               MessageOptions messages = {});
+               MessageOptions messages = {}, WaitPolicy wait = WaitPolicy::kAuto);
   ~ShmTransport() override;
 
   std::shared_ptr<SharedMemory> sharedMemory(const std::vector<int>& members,
@@ -96,6 +96,12 @@ class ShmTransport : public MessageTransport {
     return true;
   }
   void checkLiveness();
+  // Publishes this rank's affinity and tells spin_ the ranks' cores, at most every
+  // SpinWait::kCoresPeriod.
+  void refreshCores();
+  // Publishes the core this rank runs on; true when a peer here last waited on the same one: it
+  // runs, or will, only when this rank leaves the core.
+  bool peerSharesCore();
   // Fails posted receives whose call disagrees with a peer's posting of the same tag.
   void checkPostings();
   void ring(int peer);
@@ -134,9 +140,11 @@ class ShmTransport : public MessageTransport {
   // Waits for one more delivery from each of `peers` than earlier calls waited for.
   void waitDeliveries(const std::vector<int>& peers, Deadline deadline);
 
-  // What a wait does between looks: pause, or yield where this host's ranks outnumber the cores
-  // they may run on together (set once connected).
+  // What a wait does between looks (TORUS_WAIT), with this host's ranks and their cores.
   SpinWait spin_;
+  std::vector<int> members_;
+  // When refreshCores next reads the affinity, in Clock ticks.
+  std::atomic<int64_t> coresDue_{0};
   std::unique_ptr<Segment> self_;
   std::vector<std::unique_ptr<Peer>> peers_; // indexed by rank; null for self
   bool singleCopy_ = false;
