@@ -42,6 +42,7 @@ DIFFERENT = {
 MAY_DIFFER = {
     "TORUS_HOST_ID": None,  # changes the group's hosts: tests/test_traffic.py and test_hybrid.py
     "TORUS_INLINE_BYTES": "0",
+    "TORUS_WAIT": "pause",
     "TORUS_SOCKET_IFNAME": "lo",
     "TORUS_TUNING_FILE": None,  # its table is compared: test_a_tuned_table_that_differs_...
     "TORUS_DEVICE_STALL_TIMEOUT": "5s",
