@@ -5,6 +5,7 @@
 
 #include "backend/algorithm_catalog.h"
 #include "backend/callback_scope.h"
+#include "backend/flight_recorder.h"
 #include "backend/process_group_torus.h"
 #include "collectives/blocks.h"
 #include "python_stacks.h"
@@ -155,8 +156,16 @@ PYBIND11_MODULE(_C, module) {
             return group.shrinkWith(ranksToExclude, shrinkFlags, settings);
           },
           py::arg("ranks_to_exclude"), py::arg("shrink_flags") = 0, py::arg("opts_override") = py::none())
-      .def("dump_trace", &torus::ProcessGroupTorus::dumpTrace, py::arg("reason"),
-           py::call_guard<py::gil_scoped_release>());
+      .def(
+          "dump_trace",
+          [](torus::ProcessGroupTorus& group, const std::string& reason) {
+            // Other Python threads run while this one dumps: their stacks are read now, under the
+            // GIL, as faulthandler.dump_traceback does (without it, a racing thread crashed it).
+            const torus::FlightRecorder::PresetStacks stacks(torus::pythonStacks());
+            py::gil_scoped_release release;
+            return group.dumpTrace(reason);
+          },
+          py::arg("reason"));
   module.def(
       "shared_memory_stats",
       [] {

@@ -70,6 +70,7 @@ std::vector<std::vector<int64_t>> shapesOf(const std::vector<at::Tensor>& tensor
 }
 
 std::atomic<FlightRecorder::StackProvider> stackProvider{nullptr};
+thread_local const std::string* presetStacks = nullptr;
 
 // Makes `path` a directory of this user's, created 0700 if absent; the reason when it cannot be
 // one (another user's, a link, a file), else empty.
@@ -311,6 +312,14 @@ void FlightRecorder::setStackProvider(StackProvider provider) {
   stackProvider.store(provider, std::memory_order_release);
 }
 
+FlightRecorder::PresetStacks::PresetStacks(std::string stacks) : stacks_(std::move(stacks)), prior_(presetStacks) {
+  presetStacks = &stacks_;
+}
+
+FlightRecorder::PresetStacks::~PresetStacks() {
+  presetStacks = prior_;
+}
+
 std::string FlightRecorder::dumpPath() const {
   return dir_ + "/rank" + std::to_string(rank_) + ".json";
 }
@@ -338,7 +347,7 @@ std::string FlightRecorder::render(const std::string& reason, const std::string&
       << ",\n  \"world_size\": " << size_ << ",\n  \"dump_reason\": " << quoted(reason)
       << ",\n  \"time_dumped_ns\": " << nowEpoch << ",\n  \"python_stacks\": ";
   const StackProvider stacks = stackProvider.load(std::memory_order_acquire);
-  const std::string stackText = stacks ? stacks() : std::string();
+  const std::string stackText = presetStacks ? *presetStacks : stacks ? stacks() : std::string();
   out << (stackText.empty() ? std::string("null") : quoted(stackText)) << ",\n  \"entries\": [";
   const uint64_t next = nextId_.load(std::memory_order_relaxed);
   bool any = false;

@@ -79,6 +79,20 @@ class FlightRecorder {
   // Python module; without one, dumps hold none.
   using StackProvider = std::string (*)();
   static void setStackProvider(StackProvider provider);
+  // While alive, dumps written on this thread hold `stacks` instead of the provider's: stacks read
+  // while this thread held the GIL (torch_torus.dump_trace), when the other Python threads cannot
+  // change them. The provider reads them without the GIL, safe only while those threads are stuck.
+  class PresetStacks {
+   public:
+    explicit PresetStacks(std::string stacks);
+    ~PresetStacks();
+    PresetStacks(const PresetStacks&) = delete;
+    PresetStacks& operator=(const PresetStacks&) = delete;
+
+   private:
+    std::string stacks_;
+    const std::string* prior_;
+  };
 
   static constexpr size_t kInlineTensors = 4;
   static constexpr size_t kInlineDims = 4;
