@@ -60,8 +60,6 @@ class SpinWait {
   // sleep from then on, leaving the core to their peer's turn.
   static constexpr auto kLongYield = std::chrono::microseconds(50);
 
-  // Yields at every look: the choice until the ranks' cores are known.
-  SpinWait() = default;
   explicit SpinWait(WaitPolicy policy) : policy_(policy) {}
 
   WaitPolicy policy() const {
@@ -152,7 +150,7 @@ class SpinWait {
   }
 
  private:
-  WaitPolicy policy_ = WaitPolicy::kYield;
+  const WaitPolicy policy_;
   // Until the transport knows, one rank on no core: every kAuto wait yields.
   std::atomic<int> ranksHere_{1};
   std::atomic<int> coresHere_{0};

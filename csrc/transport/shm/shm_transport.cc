@@ -158,10 +158,9 @@ void ShmTransport::connectAll(Rendezvous& rendezvous, const std::vector<int>& me
   self_->groupSize = size();
   self_->control()->magic = kSegmentMagic;
   self_->control()->pid = static_cast<int32_t>(::getpid());
-  const cpu_set_t ownCores = SpinWait::usableCores();
-  storeCores(*self_->control(), ownCores);
+  // Published before the segment's key: a peer reads it as soon as it maps the segment.
+  storeCores(*self_->control(), SpinWait::usableCores());
   self_->control()->core.store(-1, std::memory_order_relaxed);
-  cpu_set_t cores = ownCores;
   std::ostringstream mine;
   mine << ::getpid() << ' ' << fd << ' ' << bytes << ' ' << reinterpret_cast<uintptr_t>(base);
   rendezvous.set("shm/" + std::to_string(rank()), mine.str());
@@ -210,8 +209,6 @@ void ShmTransport::connectAll(Rendezvous& rendezvous, const std::vector<int>& me
       throw CommError(CommError::Kind::kPeer, "torus: rank " + std::to_string(r) + "'s shared memory is not a torus "
                                               "segment");
     }
-    const cpu_set_t theirCores = loadCores(*peer->segment.control());
-    CPU_OR(&cores, &cores, &theirCores);
     peer->pidfd = static_cast<int>(::syscall(SYS_pidfd_open, peer->pid, 0));
     // Can this process read the peer's memory directly? Probe with the peer's magic number.
     uint64_t probe = 0;
@@ -220,7 +217,7 @@ void ShmTransport::connectAll(Rendezvous& rendezvous, const std::vector<int>& me
     peers_[r] = std::move(peer);
   }
   members_ = members;
-  spin_.setShare(static_cast<int>(members.size()), CPU_COUNT(&cores), CPU_COUNT(&ownCores));
+  shareCores();
   coresDue_.store((Clock::now() + SpinWait::kCoresPeriod).time_since_epoch().count(), std::memory_order_relaxed);
   // Every rank has mapped every segment once all have published this key, so the fds (the only
   // handles left besides the mappings) can close.
@@ -402,6 +399,10 @@ void ShmTransport::refreshCores() {
                                          std::memory_order_relaxed)) {
     return;
   }
+  shareCores();
+}
+
+void ShmTransport::shareCores() {
   const cpu_set_t mine = SpinWait::usableCores();
   storeCores(*self_->control(), mine);
   cpu_set_t cores = mine;

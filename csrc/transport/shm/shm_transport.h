@@ -96,9 +96,10 @@ class ShmTransport : public MessageTransport {
     return true;
   }
   void checkLiveness();
-  // Publishes this rank's affinity and tells spin_ the ranks' cores, at most every
-  // SpinWait::kCoresPeriod.
+  // shareCores() at most every SpinWait::kCoresPeriod.
   void refreshCores();
+  // Publishes this rank's affinity and tells spin_ the host's ranks' cores (their masks' union).
+  void shareCores();
   // Publishes the core this rank runs on; true when a peer here last waited on the same one: it
   // runs, or will, only when this rank leaves the core.
   bool peerSharesCore();
