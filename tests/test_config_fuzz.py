@@ -79,6 +79,7 @@ BAD: dict[str, list[str]] = {
     "TORUS_SHARED_TENSOR_CACHE": ["", " ", "-1", "-1G", "autox", "lots", "1.5G", "1e9", "2000G", "1G\x00", "١G",
                                   "\udcff"],
     "TORUS_TRACE_DIR": ["/tmp/a\x00b", "\udcff", "dir\nname"],
+    "TORUS_WAIT": ["", "spin", "sleep", "pause,yield", "ｐａｕｓｅ", "auto\x00", "\udcff"],
 }
 _RULE_GOOD = ["auto", "AUTO", " auto ", "auto:0-max", "auto:0-100;auto:101-200"]
 GOOD: dict[str, list[str]] = {
@@ -111,6 +112,7 @@ GOOD: dict[str, list[str]] = {
     "TORUS_TRACE_BUFFER": ["0", "2000", " 16 ", "1000000"],
     "TORUS_SHARED_TENSOR_CACHE": ["auto", " AUTO ", "0", "64K", "1G", " 2g ", "1024G"],
     "TORUS_TRACE_DIR": ["", "/tmp/torus traces", "traces", "/tmp/ü"],
+    "TORUS_WAIT": ["auto", "pause", "yield", " PAUSE ", "Yield"],
 }
 
 

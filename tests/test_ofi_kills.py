@@ -188,6 +188,57 @@ def test_peer_killed_at_each_wait(tmp_path, provider, point):
     assert not left, f"{provider}/{point}: left in /dev/shm: {left}"
 
 
+# ------------------------------------------------------------------ killed after its first message
+
+
+def _first_contact(rank, path, provider, queue):
+    os.environ.update(TORUS_TRANSPORT="ofi", TORUS_OFI_PROVIDER=provider)
+    import torch
+    import torch.distributed as dist
+    import torch_torus  # noqa: F401
+
+    dist.init_process_group("torus", init_method="file://" + path, rank=rank, world_size=2,
+                            timeout=datetime.timedelta(seconds=GROUP_TIMEOUT))
+    pid_file = path + ".victim"
+    if rank == 1:
+        with open(pid_file + ".tmp", "w") as f:
+            f.write(str(os.getpid()))
+        os.rename(pid_file + ".tmp", pid_file)
+        dist.isend(torch.ones(4), dst=0, tag=1).wait()  # the group's first message: rank 1 dials
+        os.kill(os.getpid(), signal.SIGSTOP)
+        time.sleep(60)  # never reached: the survivor kills this rank
+        return
+    # From any rank: this rank makes progress for rank 1's first message without dialing it.
+    if dist.recv(torch.empty(4), tag=1) != 1:
+        raise AssertionError("the first message came from another rank")
+    victim = int(open(pid_file).read())
+    _await_state(victim, "T")
+    _kill(victim)
+    _await_state(victim, "Z")
+    start = time.monotonic()
+    try:
+        dist.all_reduce(torch.ones(1 << 16))
+    except Exception as e:  # noqa: BLE001 - reported to the test
+        queue.put((f"{type(e).__name__}: {e}", time.monotonic() - start))
+    else:
+        queue.put(("returned", time.monotonic() - start))
+    dist.destroy_process_group()
+
+
+@pytest.mark.parametrize("provider", ["tcp", "shm"])
+def test_peer_killed_after_its_first_message(tmp_path, provider):
+    """The rank that makes first contact dials the lifeline; killed right after its first
+    message, before its own progress ran again, its peer still learns that it died: the dialer
+    writes its lifeline's hello before it says anything on the fabric."""
+    procs, queue = _start(_first_contact, str(tmp_path / "store"), provider)
+    try:
+        outcome, seconds = queue.get(timeout=STARTUP + GROUP_TIMEOUT + 5)
+    finally:
+        _reap(procs)
+    assert "rank 1" in outcome and "timed out" not in outcome, f"{provider}: {outcome}"
+    assert seconds < GROUP_TIMEOUT, f"{provider}: took {seconds:.1f} s: {outcome}"
+
+
 # ------------------------------------------------------------------ a peer that leaves mid-frame
 
 

@@ -8,6 +8,7 @@
 #include <cerrno>
 #include <cstring>
 #include <stdexcept>
+#include <utility>
 
 #include "transport/sockets.h"
 #include "transport/transport.h"
@@ -95,6 +96,7 @@ void Lifelines::end(int peer, const std::string& why) {
   if (!p.ended) {
     p.ended = true;
     p.why = why;
+    endedUnreported_ = true;
   }
 }
 
@@ -168,7 +170,6 @@ bool Lifelines::readLine(Line& line, int* peer, std::string* unproven) {
 }
 
 bool Lifelines::check() {
-  bool endedNow = false;
   for (int fd; listenFd_ >= 0 && (fd = ::accept4(listenFd_, nullptr, nullptr, SOCK_CLOEXEC | SOCK_NONBLOCK)) >= 0;) {
     keepFromForkedChildren(fd);
     keepAlive(fd);
@@ -196,7 +197,6 @@ bool Lifelines::check() {
         deliverFarewell(peers_[peer], peers_[peer].lines.back());
       } else {
         closeSocket(line.fd);
-        endedNow |= !peers_[peer].ended;
         end(peer, rankName(peer) + " closed its lifeline (the process exited, was killed or aborted its group)");
       }
     } else if (!open) {
@@ -213,25 +213,12 @@ bool Lifelines::check() {
     }
     for (Line& line : p.lines) {
       if (line.connecting) {
-        pollfd pfd{line.fd, POLLOUT, 0};
-        if (::poll(&pfd, 1, 0) == 0) {
-          continue;
-        }
-        int error = 0;
-        socklen_t length = sizeof(error);
-        ::getsockopt(line.fd, SOL_SOCKET, SO_ERROR, &error, &length);
-        line.nonce = freshNonce();
-        Hello hello{kHelloMagic, rank_, size_, line.nonce,
-                    prove(gate_.secret(), kHelloPurpose, rank_, peer, line.nonce)};
-        if (error != 0 || ::send(line.fd, &hello, sizeof(hello), MSG_NOSIGNAL | MSG_DONTWAIT) != sizeof(hello)) {
-          end(peer, rankName(peer) + " refuses its lifeline (" + std::strerror(error ? error : errno) +
-                        "): it exited, was killed or left the group");
-          endedNow = true;
+        if (!finishDial(peer, line)) {
           break;
         }
-        line.connecting = false;
-        line.dialed = true;
-        deliverFarewell(p, line);
+        if (line.connecting) {
+          continue;
+        }
       }
       int self = peer;
       std::string unproven;
@@ -243,12 +230,42 @@ bool Lifelines::check() {
                                          " closed its lifeline (the process exited, was killed or aborted its group)"
                                    : "the process at " + rankName(peer) + "'s lifeline address " + line.where +
                                          " did not prove it belongs to the group");
-        endedNow = true;
         break;
       }
     }
   }
-  return endedNow;
+  return std::exchange(endedUnreported_, false);
+}
+
+bool Lifelines::finishDial(int peer, Line& line) {
+  pollfd pfd{line.fd, POLLOUT, 0};
+  if (::poll(&pfd, 1, 0) == 0) {
+    return true;
+  }
+  int error = 0;
+  socklen_t length = sizeof(error);
+  ::getsockopt(line.fd, SOL_SOCKET, SO_ERROR, &error, &length);
+  line.nonce = freshNonce();
+  Hello hello{kHelloMagic, rank_, size_, line.nonce, prove(gate_.secret(), kHelloPurpose, rank_, peer, line.nonce)};
+  if (error != 0 || ::send(line.fd, &hello, sizeof(hello), MSG_NOSIGNAL | MSG_DONTWAIT) != sizeof(hello)) {
+    end(peer, rankName(peer) + " refuses its lifeline (" + std::strerror(error ? error : errno) +
+                  "): it exited, was killed or left the group");
+    return false;
+  }
+  line.connecting = false;
+  line.dialed = true;
+  deliverFarewell(peers_[peer], line);
+  return true;
+}
+
+bool Lifelines::helloSent(int peer) {
+  Peer& p = peers_[peer];
+  for (Line& line : p.lines) {
+    if (!p.ended && line.connecting && finishDial(peer, line) && line.connecting) {
+      return false;
+    }
+  }
+  return true;
 }
 
 void Lifelines::watch(std::vector<pollfd>& fds) const {

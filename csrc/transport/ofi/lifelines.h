@@ -4,7 +4,8 @@
 // find a host that went down.
 //
 // The rank that first needs a peer dials it (a Hello: magic, rank, group size, a nonce and the
-// proof that it knows the group's secret: group_secret.h); the peer accepts whenever it next makes
+// proof that it knows the group's secret: group_secret.h), and writes that Hello before it posts
+// anything on the fabric to the peer (helloSent); the peer accepts whenever it next makes
 // progress, and answers with a proof of its own over the nonce, which comes before anything else
 // it writes on that line. A line whose hello is wrong, unproven or replayed, or that sends none in
 // time, is closed, counted and reported on stderr; a dialed line whose answer is unproven ends its
@@ -56,8 +57,13 @@ class Lifelines {
   // Starts a lifeline to `peer`, listening at `where`, without blocking.
   void dial(int peer, const std::string& where);
   // Accepts lifelines, reads hellos and farewells, finishes dials, notices closed ones, without
-  // blocking; true when a peer ended.
+  // blocking; true when a peer ended since the last check (also where dial or helloSent ended it).
   bool check();
+  // Every line this rank dialed to `peer` has its Hello written (or the peer ended), finishing
+  // dials that connected since, without blocking. A dialer says nothing on the fabric before:
+  // a peer that hears from it can then always tell when it dies (the Hello reaches the peer's
+  // kernel before the dialer's end does), also where it dies before its next check().
+  bool helloSent(int peer);
   // The descriptors a sleep should watch for check().
   void watch(std::vector<pollfd>& fds) const;
   // A peer is dialing this rank, or its Hello has not been read: progress must be made to
@@ -108,6 +114,8 @@ class Lifelines {
   // peer did not prove it belongs to the group.
   bool readLine(Line& line, int* peer, std::string* unproven);
   void end(int peer, const std::string& why);
+  // A dialed line whose connect ended: writes its Hello. False when the peer refused it (ended).
+  bool finishDial(int peer, Line& line);
   void deliverFarewell(Peer& p, Line& line);
 
   const int rank_;
@@ -118,6 +126,7 @@ class Lifelines {
   std::string where_;
   std::vector<Peer> peers_;
   std::vector<Line> unknown_; // accepted, Hello not read yet
+  bool endedUnreported_ = false; // a peer ended that check() has not reported
 };
 
 } // namespace torus::ofi

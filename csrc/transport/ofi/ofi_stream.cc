@@ -94,7 +94,8 @@ void OfiTransport::Stream::seal() {
 
 bool OfiTransport::Stream::postChunks() {
   bool sent = false;
-  while (!sealed.empty() && credits > 0 && error.empty() && !gone()) {
+  // Nothing before the hello, which waits for the lifeline's (Lifelines::helloSent).
+  while (!sealed.empty() && credits > 0 && !helloToSend && error.empty() && !gone()) {
     const int i = sealed.front();
     if (!taken(fi_tsend(ep(), chunk(i), chunkBytes[i], desc, address, ownTag(kStreamTag), &chunkPosts[i]),
                "sending")) {
@@ -142,7 +143,7 @@ bool OfiTransport::Stream::sendCredits() {
 }
 
 bool OfiTransport::Stream::sendHello() {
-  if (!helloToSend || helloBusy || gone()) {
+  if (!helloToSend || helloBusy || !transport->lifelines_.helloSent(peer) || gone()) {
     return false;
   }
   if (!taken(fi_tsend(ep(), &hello(), sizeof(HelloMessage), desc, address, ownTag(kHelloTag), &helloPost),
