@@ -137,8 +137,10 @@ def test_mismatched_sizes_name_both_sides(algorithm):
     # A peer that last waited on this core runs once this thread leaves it.
     ("auto", 2, 2, 2, True, True, 0, "sleep"),
     ("auto", 2, 2, 2, False, True, 0, "yield"),
-    # Unbound ranks: a second waiting thread of the process outnumbers its share of one core.
+    # Unbound ranks: a second thread of the process in a caller's collective outnumbers its share
+    # of one core (when it is not waiting, it computes on the core a pause would hold).
     ("auto", 2, 2, 2, True, False, 1, "yield"),
+    ("auto", 2, 4, 4, True, False, 1, "pause"),
     # Bound ranks (one core each): the share's one thread pauses, the next yields.
     ("auto", 2, 2, 1, True, False, 0, "pause"),
     ("auto", 2, 2, 1, True, False, 1, "yield"),

@@ -36,11 +36,11 @@ SpinWait::Wait::Wait(const SpinWait& spin, bool peerSharesCore) {
     case WaitPolicy::kAuto:
       break;
   }
-  const int ranks = spin.ranksHere_.load(std::memory_order_relaxed);
-  const int cores = spin.coresHere_.load(std::memory_order_relaxed);
-  if (!callerWaits_ || ranks > cores) {
+  if (!spin.mayPause()) {
     return;
   }
+  const int ranks = spin.ranksHere_.load(std::memory_order_relaxed);
+  const int cores = spin.coresHere_.load(std::memory_order_relaxed);
   timesYields_ = true;
   if (peerSharesCore) {
     sleepsAtOnce_ = true;
@@ -48,8 +48,8 @@ SpinWait::Wait::Wait(const SpinWait& spin, bool peerSharesCore) {
   }
   places_ = std::max(1, cores / std::max(1, ranks));
   if (spin.ownCores_.load(std::memory_order_relaxed) > places_) {
-    counted_ = true;
-    if (waiting_.fetch_add(1, std::memory_order_relaxed) + 1 > places_) {
+    unbound_ = true;
+    if (callers_.load(std::memory_order_relaxed) > places_) {
       return;
     }
   }
@@ -67,9 +67,6 @@ SpinWait::Wait::Wait(const SpinWait& spin, bool peerSharesCore) {
 SpinWait::Wait::~Wait() {
   if (holdsPlace_) {
     pausing_.fetch_sub(1, std::memory_order_relaxed);
-  }
-  if (counted_) {
-    waiting_.fetch_sub(1, std::memory_order_relaxed);
   }
 }
 
@@ -92,8 +89,8 @@ bool SpinWait::Wait::relax() {
     return true;
   }
   const bool spent = std::chrono::steady_clock::now() >= pauseUntil_;
-  if (spent || (counted_ && waiting_.load(std::memory_order_relaxed) > places_)) {
-    // Spent: sleep now. Outnumbered by this process's other waiters: yield from here on.
+  if (spent || (unbound_ && callers_.load(std::memory_order_relaxed) > places_)) {
+    // Spent: sleep now. Outnumbered by this process's other callers: yield from here on.
     pauses_ = false;
     holdsPlace_ = false;
     pausing_.fetch_sub(1, std::memory_order_relaxed);

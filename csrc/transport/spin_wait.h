@@ -19,7 +19,9 @@
 //   through rseq, at every wait that does not end at once): sleep at once.
 // - This process pauses at most its share of the cores: ranks bound to their share (a launcher's
 //   binding) pause that many threads and yield the rest; unbound ranks pause only while no more
-//   of their threads wait than that, since the scheduler would otherwise stack them.
+//   of their threads run callers' collectives than that (a thread between two waits computes,
+//   and a pausing sibling would hold the core it needs), since the scheduler would otherwise
+//   stack them.
 // - A pause that found nothing for kPauseBudget, or a yield that lost the core for kLongYield:
 //   the peer lost its core, or another process holds ours; sleep.
 #pragma once
@@ -98,10 +100,10 @@ class SpinWait {
 
    private:
     bool pauses_ = false;
-    // kAuto: holds one of the process's pausing places, and counts in its waiting threads
-    // (unbound ranks).
+    // kAuto: holds one of the process's pausing places.
     bool holdsPlace_ = false;
-    bool counted_ = false;
+    // kAuto, unbound ranks: gives the place up once more threads run callers' collectives.
+    bool unbound_ = false;
     // kAuto, ranks with a core each, the caller's thread: a long yield ends the spinning.
     bool timesYields_ = false;
     // kAuto: the peer waits its turn on this core; sleep without spinning.
@@ -118,8 +120,14 @@ class SpinWait {
    public:
     explicit CallerWaits(bool callerWaits = true) : prior_(callerWaits_) {
       callerWaits_ = prior_ || callerWaits;
+      if (callerWaits_ && !prior_) {
+        callers_.fetch_add(1, std::memory_order_relaxed);
+      }
     }
     ~CallerWaits() {
+      if (callerWaits_ && !prior_) {
+        callers_.fetch_sub(1, std::memory_order_relaxed);
+      }
       callerWaits_ = prior_;
     }
     CallerWaits(const CallerWaits&) = delete;
@@ -128,6 +136,14 @@ class SpinWait {
    private:
     bool prior_;
   };
+
+  // Whether a wait on this thread may pause now (kAuto: the caller's thread, ranks with a core
+  // each). Where it may not, a wait needs nothing more to decide.
+  bool mayPause() const {
+    return policy_ == WaitPolicy::kPause ||
+           (policy_ == WaitPolicy::kAuto && callerWaits_ &&
+            ranksHere_.load(std::memory_order_relaxed) <= coresHere_.load(std::memory_order_relaxed));
+  }
 
   // The cores this process may run on (its affinity mask: taskset, a launcher's binding, cgroups'
   // cpusets); core 0 alone when the kernel will not say.
@@ -158,8 +174,8 @@ class SpinWait {
   static inline thread_local bool callerWaits_ = false;
   // This process's threads pausing now, of every group.
   static inline std::atomic<int> pausing_{0};
-  // This process's threads in a kAuto wait that may pause, of every group (unbound ranks).
-  static inline std::atomic<int> waiting_{0};
+  // This process's threads running callers' collectives (CallerWaits), of every group.
+  static inline std::atomic<int> callers_{0};
 };
 
 } // namespace torus

@@ -3,6 +3,12 @@
 // never holds them.
 #include <torch/extension.h>
 
+#include <condition_variable>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
 #include "device_collectives_on_host.h"
 #include "reduce_kernels.h"
 #include "subset_comms.h"
@@ -36,20 +42,45 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, module) {
   module.def(
       "spin_wait_first_look",
       [](const std::string& policy, int ranksHere, int coresHere, int ownCores, bool callerWaits,
-         bool peerSharesCore, int otherWaits) {
+         bool peerSharesCore, int otherCallers) {
         torus::SpinWait spin(torus::waitPolicyNamed(policy));
         spin.setShare(ranksHere, coresHere, ownCores);
-        const torus::SpinWait::CallerWaits scope(callerWaits);
-        std::vector<std::unique_ptr<torus::SpinWait::Wait>> others;
-        for (int i = 0; i < otherWaits; ++i) {
-          others.push_back(std::make_unique<torus::SpinWait::Wait>(spin));
+        // Each other caller: a thread of its own in a caller's collective, waiting (and pausing
+        // where it may) until this look is decided.
+        std::mutex mutex;
+        std::condition_variable changed;
+        int waiting = 0;
+        bool decided = false;
+        std::vector<std::thread> others;
+        for (int i = 0; i < otherCallers; ++i) {
+          others.emplace_back([&] {
+            const torus::SpinWait::CallerWaits scope;
+            const torus::SpinWait::Wait wait(spin);
+            std::unique_lock<std::mutex> lock(mutex);
+            ++waiting;
+            changed.notify_all();
+            changed.wait(lock, [&] { return decided; });
+          });
         }
-        const torus::SpinWait::Wait wait(spin, peerSharesCore);
-        return std::string(wait.sleepsAtOnce() ? "sleep" : wait.pauses() ? "pause" : "yield");
+        std::string look;
+        {
+          std::unique_lock<std::mutex> lock(mutex);
+          changed.wait(lock, [&] { return waiting == otherCallers; });
+          const torus::SpinWait::CallerWaits scope(callerWaits);
+          const torus::SpinWait::Wait wait(spin, peerSharesCore);
+          look = wait.sleepsAtOnce() ? "sleep" : wait.pauses() ? "pause" : "yield";
+          decided = true;
+          changed.notify_all();
+        }
+        for (auto& other : others) {
+          other.join();
+        }
+        return look;
       },
       py::arg("policy"), py::arg("ranks_here"), py::arg("cores_here"), py::arg("own_cores"), py::arg("caller_waits"),
-      py::arg("peer_shares_core"), py::arg("other_waits"),
-      "What a shm wait's first look does, with `other_waits` waits of this process begun before it (test_shm.py).");
+      py::arg("peer_shares_core"), py::arg("other_callers"),
+      "What a shm wait's first look does, with `other_callers` threads of this process in callers' collectives, "
+      "waiting, begun before it (test_shm.py).");
   module.def(
       "spin_wait_pause_ends",
       [] {
