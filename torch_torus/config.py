@@ -386,10 +386,11 @@ SETTINGS: tuple[Setting, ...] = (
         "How a wait on shared memory spends its first 200 µs, before it sleeps. auto decides per "
         "wait: it pauses in place (the core stays the rank's) only on a thread whose caller waits "
         "for the collective, while the host's ranks have a core each in their current affinity and "
-        "no more of the process's threads wait than its share of the cores; it sleeps at once where "
-        "a peer last waited on the same core, and once a pause found nothing for 30 µs or a yield "
-        "lost the core for 50 µs; every other wait yields. pause: every wait pauses (ranks with "
-        "cores of their own, as mpiexec's binding gives them). yield: every wait yields the core.",
+        "no more of the process's threads run callers' collectives than its share of the cores; it "
+        "sleeps at once where a peer last waited on the same core, and once a pause found nothing "
+        "for 50 µs or a yield lost the core for 50 µs; every other wait yields. pause: every wait "
+        "pauses (ranks with cores of their own, as mpiexec's binding gives them). yield: every "
+        "wait yields the core.",
         shared=False,
     ),
     Setting(

@@ -55,8 +55,11 @@ class SpinWait {
   // How often a transport re-reads the ranks' affinity (taskset and cgroups change it at run time).
   static constexpr auto kCoresPeriod = std::chrono::milliseconds(100);
   // How long a pausing wait that finds nothing pauses before it sleeps: a peer that answers
-  // within it holds its core; one that does not has likely lost it.
-  static constexpr auto kPauseBudget = std::chrono::microseconds(30);
+  // within it holds its core; one that does not has likely lost it. Beside a parallel build a
+  // peer often answers after 30-50 us (busy_host.py, 2 ranks: 10 us cost 1.28x yield's time per
+  // call, 30 us 1.19x, 50 us 1.04x); beside six busy processes a longer one wastes the slice (28,
+  // 35 and 53 us per call at 30, 50 and 100 us, where yield took 440).
+  static constexpr auto kPauseBudget = std::chrono::microseconds(50);
   // A yield that kept this thread off its core longer than this gave it to another process for
   // its time slice (a peer's turn on a small call takes microseconds): kAuto waits that may pause
   // sleep from then on, leaving the core to their peer's turn.
