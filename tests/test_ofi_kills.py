@@ -211,7 +211,8 @@ def _first_contact(rank, path, provider, queue):
     # From any rank: this rank makes progress for rank 1's first message without dialing it.
     if dist.recv(torch.empty(4), tag=1) != 1:
         raise AssertionError("the first message came from another rank")
-    victim = int(open(pid_file).read())
+    with open(pid_file) as f:
+        victim = int(f.read())
     _await_state(victim, "T")
     _kill(victim)
     _await_state(victim, "Z")

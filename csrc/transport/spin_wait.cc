@@ -36,7 +36,7 @@ SpinWait::Wait::Wait(const SpinWait& spin, bool peerSharesCore) {
     case WaitPolicy::kAuto:
       break;
   }
-  if (!spin.mayPause()) {
+  if (!spin.autoMayPause()) {
     return;
   }
   const int ranks = spin.ranksHere_.load(std::memory_order_relaxed);

@@ -140,12 +140,11 @@ class SpinWait {
     bool prior_;
   };
 
-  // Whether a wait on this thread may pause now (kAuto: the caller's thread, ranks with a core
-  // each). Where it may not, a wait needs nothing more to decide.
-  bool mayPause() const {
-    return policy_ == WaitPolicy::kPause ||
-           (policy_ == WaitPolicy::kAuto && callerWaits_ &&
-            ranksHere_.load(std::memory_order_relaxed) <= coresHere_.load(std::memory_order_relaxed));
+  // Whether a kAuto wait on this thread may pause now (the caller's thread, ranks with a core
+  // each); false under the other policies. Where it may not, a wait needs nothing more to decide.
+  bool autoMayPause() const {
+    return policy_ == WaitPolicy::kAuto && callerWaits_ &&
+           ranksHere_.load(std::memory_order_relaxed) <= coresHere_.load(std::memory_order_relaxed);
   }
 
   // The cores this process may run on (its affinity mask: taskset, a launcher's binding, cgroups'

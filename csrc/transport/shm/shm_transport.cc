@@ -456,7 +456,7 @@ void ShmTransport::waitUntil(Ready ready, Deadline deadline, const std::function
   }
   refreshCores();
   {
-    SpinWait::Wait wait(spin_, spin_.policy() == WaitPolicy::kAuto && spin_.mayPause() && peerSharesCore());
+    SpinWait::Wait wait(spin_, spin_.autoMayPause() && peerSharesCore());
     const auto spinUntil = Clock::now() + kSpinBeforeSleepOnPeers;
     while (Clock::now() < spinUntil) {
       if (ready()) {
