@@ -3,6 +3,7 @@
 // never holds them.
 #include <torch/extension.h>
 
+#include <atomic>
 #include <condition_variable>
 #include <mutex>
 #include <string>
@@ -17,6 +18,7 @@
 #endif
 #include "transport/hmac.h"
 #include "transport/shm/shared_tensor_arena.h"
+#include "python_stacks.h"
 #include "transport/spin_wait.h"
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, module) {
@@ -119,6 +121,45 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, module) {
       },
       "Whether an auto wait pauses before, inside two nested CallerWaits scopes, between and after them "
       "(test_shm.py).");
+  module.def(
+      "python_stacks_beside_new_threads",
+      [](int reads, int threads) {
+        // Threads that enter Python and leave it over and over: each entry creates the thread's
+        // state and links it into the interpreter's list without the GIL, each exit frees it.
+        std::atomic<bool> stop{false};
+        std::vector<std::thread> churn;
+        for (int i = 0; i < threads; ++i) {
+          churn.emplace_back([&stop] {
+            while (!stop.load(std::memory_order_relaxed)) {
+              const PyGILState_STATE state = PyGILState_Ensure();
+              PyGILState_Release(state);
+            }
+          });
+        }
+        std::vector<std::string> holding;
+        std::vector<std::string> without;
+        for (int i = 0; i < reads; ++i) {
+          {
+            py::gil_scoped_release letChurnRun;
+          }
+          holding.push_back(torus::pythonStacks());
+        }
+        {
+          py::gil_scoped_release release;
+          for (int i = 0; i < reads; ++i) {
+            std::thread reader([&without] { without.push_back(torus::pythonStacks()); });
+            reader.join();
+          }
+          stop.store(true);
+          for (auto& thread : churn) {
+            thread.join();
+          }
+        }
+        return py::make_tuple(holding, without);
+      },
+      py::arg("reads"), py::arg("threads"),
+      "torch_torus' Python stacks read `reads` times under the GIL and as often from a thread without it, while "
+      "`threads` native threads enter and leave Python (test_python_stacks.py).");
   module.def(
       "usable_cores",
       [] {
