@@ -12,7 +12,8 @@ picklable arguments; every rank runs it and returns a picklable result or a trac
 Bounds: every case has a bound (``timeout``, default ``TORUS_TEST_TIMEOUT`` = 60 s).  Results
 are collected as they arrive.  When a rank raises or dies, the others get only a short grace
 (``TORUS_TEST_GRACE`` = 5 s) to answer.  On any failure (exception, death, hang) the hung
-workers' Python stacks are dumped (faulthandler on SIGUSR1), the whole pool is SIGKILLed
+workers' Python stacks are dumped (faulthandler on SIGUSR1) and their native ones read (gdb,
+where installed), the whole pool is SIGKILLed
 (each worker leads its own process group, killed with killpg), the test fails with every
 rank's traceback / log / stack, and the next test gets a fresh pool.
 

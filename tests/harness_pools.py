@@ -11,6 +11,7 @@ import os
 import pickle
 import shutil
 import signal
+import subprocess
 import sys
 import tempfile
 import threading
@@ -51,6 +52,37 @@ def _signame(code: Optional[int]) -> str:
         except ValueError:
             return f"killed by signal {-code}"
     return f"exit code {code}"
+
+
+#: how long gdb may take to read the hung ranks' native stacks
+NATIVE_STACKS_TIMEOUT = 15.0
+
+
+def _native_stacks(pids: Dict[int, int]) -> Dict[int, str]:
+    """Every thread's native stack (innermost 16 frames) of each hung rank, by gdb attached in batch
+    mode to all of them at once: what faulthandler cannot show, a thread stuck in C++ or in a
+    library. Says why not where gdb is missing or too slow."""
+    gdb = shutil.which("gdb")
+    if gdb is None:
+        return {r: "(no native stacks: gdb is not installed)" for r in pids}
+    runs = {r: subprocess.Popen([gdb, "-p", str(pid), "-batch", "-nx", "-ex", "set pagination off",
+                                 "-ex", "set print frame-arguments none",
+                                 "-ex", "thread apply all bt 16"],
+                                stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+            for r, pid in pids.items()}
+    deadline = time.monotonic() + NATIVE_STACKS_TIMEOUT
+    stacks = {}
+    for r, run in runs.items():
+        try:
+            text, _ = run.communicate(timeout=max(0.1, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            run.kill()
+            run.communicate()
+            stacks[r] = f"(no native stacks: gdb took over {NATIVE_STACKS_TIMEOUT:g} s)"
+            continue
+        lines = [line[:200] for line in text.splitlines() if line.startswith(("Thread ", "#"))]
+        stacks[r] = "\n".join(lines[:400]) or "(no native stacks; gdb said:)\n" + text[-2000:]
+    return stacks
 
 
 def _indent(text: str, prefix: str = "    ") -> str:
@@ -258,6 +290,7 @@ class Pool:
                 pass
         if hung:
             time.sleep(1.0)
+        native = _native_stacks({r: self.procs[r].pid for r in hung}) if hung else {}
         lines = [
             f"{'start-up of the pool' if startup else 'case ' + what} FAILED after "
             f"{elapsed:.1f}s [{self.spec.describe()}; bound {timeout:g}s, grace {grace:g}s]"
@@ -292,6 +325,8 @@ class Pool:
             else:
                 lines.append(f"--- rank {r}: HUNG; output and stack (faulthandler) :")
                 lines.append(_indent(self._log_since(r, off) or "(none)"))
+                lines.append(f"--- rank {r}: native stacks (gdb):")
+                lines.append(_indent(native[r]))
         self.kill()
         cls = StartupFailure if startup else CaseFailure
         raise cls("\n".join(lines))
