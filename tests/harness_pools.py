@@ -54,6 +54,8 @@ def _signame(code: Optional[int]) -> str:
     return f"exit code {code}"
 
 
+#: how much of a dead rank's output its failure shows
+_CRASH_TAIL = 24000
 #: how long gdb may take to read the hung ranks' native stacks
 NATIVE_STACKS_TIMEOUT = 15.0
 
@@ -212,15 +214,15 @@ class Pool:
         except OSError:
             return 0
 
-    def _log_since(self, r: int, offset: int) -> str:
+    def _log_since(self, r: int, offset: int, tail: int = _LOG_TAIL) -> str:
         try:
             with open(self.logs[r], "rb") as f:
                 f.seek(offset)
                 text = f.read().decode("utf-8", "replace")
         except OSError:
             return ""
-        if len(text) > _LOG_TAIL:
-            text = "[...]\n" + text[-_LOG_TAIL:]
+        if len(text) > tail:
+            text = "[...]\n" + text[-tail:]
         return text
 
     def _gather(self, seq: int, timeout: float, grace: float, what: str,
@@ -321,7 +323,8 @@ class Pool:
                     lines.append(_indent(log))
             elif r in dead:
                 lines.append(f"--- rank {r}: DIED ({dead[r]}); its output:")
-                lines.append(_indent(self._log_since(r, off) or "(none)"))
+                # A crash's native stacks (every thread's, before faulthandler's) run long.
+                lines.append(_indent(self._log_since(r, off, _CRASH_TAIL) or "(none)"))
             else:
                 lines.append(f"--- rank {r}: HUNG; output and stack (faulthandler) :")
                 lines.append(_indent(self._log_since(r, off) or "(none)"))

@@ -263,6 +263,9 @@ def _worker_main(rank: int, spec: PoolSpec, conn, log_path: str, parent_pid: int
         import torch
 
         torch.set_num_threads(1)
+        # A crash prints every thread's native stack (torch's handler, which then hands the signal
+        # to faulthandler's): Python frames alone cannot say where a C++ thread faulted.
+        torch._C._set_print_stack_traces_on_fatal_signal(True)
         if spec.init != "none":
             ctx.init_process_group()
         _send(conn, ("ok", 0, os.getpid()))

@@ -5,6 +5,7 @@ costs the other tests nothing."""
 
 from __future__ import annotations
 
+import ctypes
 import os
 import signal
 import shutil
@@ -54,6 +55,12 @@ def _die_on(ctx, rank):
     if ctx.rank == rank:
         print("about to die", flush=True)
         os.kill(os.getpid(), signal.SIGKILL)
+    time.sleep(3600)
+
+
+def _segfault_on(ctx, rank):
+    if ctx.rank == rank:
+        ctypes.string_at(0)  # reads address 0: SIGSEGV
     time.sleep(3600)
 
 
@@ -125,7 +132,7 @@ def test_failing_rank_fails_fast(backend):
         harness.run(backend, WS, _raise_on_and_hang_others, 0, env=ENV, timeout=120, grace=1)
     elapsed = time.monotonic() - t0
     msg = str(info.value)
-    assert elapsed < 1 + 20, f"waited {elapsed:.1f}s: should not wait for the 120s bound"
+    assert elapsed < 1 + 35, f"waited {elapsed:.1f}s: should not wait for the 120s bound"
     assert "deliberate failure on rank 0" in msg and "ValueError" in msg
     assert "raised on rank(s) [0]" in msg and "HUNG" in msg
     _assert_pool_killed(pool)
@@ -137,11 +144,19 @@ def test_dying_rank_is_reported(backend):
     t0 = time.monotonic()
     with pytest.raises(harness.CaseFailure) as info:
         harness.run(backend, WS, _die_on, 1, env=ENV, timeout=120, grace=1)
-    assert time.monotonic() - t0 < 1 + 20
+    assert time.monotonic() - t0 < 1 + 35
     msg = str(info.value)
     assert "DIED (killed by SIGKILL)" in msg and "about to die" in msg
     _assert_pool_killed(pool)
     _fresh_pool_works(backend, pool)
+
+
+def test_crashing_rank_shows_native_and_python_stacks(backend):
+    with pytest.raises(harness.CaseFailure) as info:
+        harness.run(backend, WS, _segfault_on, 1, env=ENV, timeout=120, grace=1)
+    died = str(info.value).split("--- rank 1: DIED (killed by SIGSEGV); its output:")[1]
+    assert "SIGSEGV(11), PID:" in died and "frame #" in died, died  # every thread's native stack
+    assert "_segfault_on" in died, died  # faulthandler's Python frames, after them
 
 
 def test_unpicklable_result_and_bad_case_reference(backend):
