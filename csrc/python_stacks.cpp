@@ -117,16 +117,21 @@ std::string pythonStacks() {
     std::string text;
   };
   const auto reading = std::make_shared<Reading>();
-  BoundedThread reader([reading] {
-    if (!interpreterRunning() || processEnding()) {
-      return;
-    }
-    const PyGILState_STATE state = PyGILState_Ensure();
-    std::string text = stacksHoldingGil();
-    PyGILState_Release(state);
-    std::lock_guard<std::mutex> lock(reading->mutex);
-    reading->text = std::move(text);
-  });
+  BoundedThread reader;
+  try {
+    reader = BoundedThread([reading] {
+      if (!interpreterRunning() || processEnding()) {
+        return;
+      }
+      const PyGILState_STATE state = PyGILState_Ensure();
+      std::string text = stacksHoldingGil();
+      PyGILState_Release(state);
+      std::lock_guard<std::mutex> lock(reading->mutex);
+      reading->text = std::move(text);
+    });
+  } catch (const std::exception& e) {
+    return std::string("Python stacks not read: ") + e.what() + "\n";
+  }
   if (!reader.joinWithin(kGilPatience)) {
     return "Python stacks not read: another thread held the GIL for " + std::to_string(kGilPatience.count()) +
            " ms\n";
