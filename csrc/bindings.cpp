@@ -159,8 +159,8 @@ PYBIND11_MODULE(_C, module) {
       .def(
           "dump_trace",
           [](torus::ProcessGroupTorus& group, const std::string& reason) {
-            // Other Python threads run while this one dumps: their stacks are read now, under the
-            // GIL, as faulthandler.dump_traceback does (without it, a racing thread crashed it).
+            // The stacks are read now, while this thread holds the GIL and is the current one;
+            // the dump itself runs without it.
             const torus::FlightRecorder::PresetStacks stacks(torus::pythonStacks());
             py::gil_scoped_release release;
             return group.dumpTrace(reason);

@@ -5,10 +5,8 @@
 
 #include <chrono>
 #include <cstdio>
-#include <memory>
-#include <mutex>
 
-#include "backend/bounded_thread.h"
+#include "backend/store_within.h"
 #include "transport/departure.h"
 
 namespace torus {
@@ -112,32 +110,23 @@ std::string pythonStacks() {
     return stacksHoldingGil();
   }
   // Read by a thread of its own that takes the GIL: one left waiting for it is left behind.
-  struct Reading {
-    std::mutex mutex;
-    std::string text;
-  };
-  const auto reading = std::make_shared<Reading>();
-  BoundedThread reader;
   try {
-    reader = BoundedThread([reading] {
+    const StoreAnswer<std::string> read = callWithin<std::string>(kGilPatience, [] {
       if (!interpreterRunning() || processEnding()) {
-        return;
+        return std::string();
       }
       const PyGILState_STATE state = PyGILState_Ensure();
       std::string text = stacksHoldingGil();
       PyGILState_Release(state);
-      std::lock_guard<std::mutex> lock(reading->mutex);
-      reading->text = std::move(text);
+      return text;
     });
+    if (read) {
+      return *read.value;
+    }
+    return "Python stacks not read: the thread taking the GIL for them " + read.problem + "\n";
   } catch (const std::exception& e) {
     return std::string("Python stacks not read: ") + e.what() + "\n";
   }
-  if (!reader.joinWithin(kGilPatience)) {
-    return "Python stacks not read: another thread held the GIL for " + std::to_string(kGilPatience.count()) +
-           " ms\n";
-  }
-  std::lock_guard<std::mutex> lock(reading->mutex);
-  return reading->text;
 }
 
 } // namespace torus

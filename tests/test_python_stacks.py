@@ -44,3 +44,11 @@ def test_stacks_beside_threads_entering_python(testing, threads):
         assert "(most recent call first):" in text, text
     # Read under the GIL by this very thread: it is the current one there.
     assert all("Current thread 0x" in text for text in holding), holding[0]
+
+
+def test_reader_without_gil_gives_up_while_gil_is_kept(testing):
+    """A thread that keeps the GIL in native code (3 s here) does not hold up a dump: the reader
+    says, after its 1 s wait, why it has no stacks; had it waited for the GIL it would hold them."""
+    text = testing.python_stacks_while_gil_kept(3000)
+    assert text.startswith("Python stacks not read: the thread taking the GIL for them did not answer "
+                           "within 1000 ms"), text

@@ -80,8 +80,8 @@ class FlightRecorder {
   using StackProvider = std::string (*)();
   static void setStackProvider(StackProvider provider);
   // While alive, dumps written on this thread hold `stacks` instead of the provider's: stacks read
-  // while this thread held the GIL (torch_torus.dump_trace), when the other Python threads cannot
-  // change them. The provider reads them without the GIL, safe only while those threads are stuck.
+  // while this thread held the GIL (torch_torus.dump_trace), with this thread as the current one.
+  // Called without the GIL, the provider has a thread of its own wait for it.
   class PresetStacks {
    public:
     explicit PresetStacks(std::string stacks);

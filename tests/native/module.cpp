@@ -4,6 +4,7 @@
 #include <torch/extension.h>
 
 #include <atomic>
+#include <chrono>
 #include <condition_variable>
 #include <mutex>
 #include <string>
@@ -160,6 +161,22 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, module) {
       py::arg("reads"), py::arg("threads"),
       "torch_torus' Python stacks read `reads` times under the GIL and as often from a thread without it, while "
       "`threads` native threads enter and leave Python (test_python_stacks.py).");
+  module.def(
+      "python_stacks_while_gil_kept",
+      [](int keepMs) {
+        // This thread keeps the GIL in native code while another, without it, asks for the stacks.
+        std::string text;
+        std::thread reader([&text] { text = torus::pythonStacks(); });
+        std::this_thread::sleep_for(std::chrono::milliseconds(keepMs));
+        {
+          py::gil_scoped_release release;
+          reader.join();
+        }
+        return text;
+      },
+      py::arg("keep_ms"),
+      "The Python stacks asked for by a thread without the GIL while this one keeps it for `keep_ms` "
+      "(test_python_stacks.py).");
   module.def(
       "usable_cores",
       [] {
